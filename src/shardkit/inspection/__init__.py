@@ -1,0 +1,1 @@
+"""Inspection: what the compiler really did (collectives, memory, FLOPs, layouts)."""
