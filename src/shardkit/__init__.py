@@ -1,3 +1,61 @@
-"""shardkit: sharded and parallel computation on JAX, made practical."""
+"""shardkit: sharded and parallel computation on JAX, made practical.
+
+Meshes (:func:`make_mesh`), partition rules (:class:`Rules`) with a linter (:func:`lint`),
+layout views (:func:`show`), a collective audit (:func:`inspect`), parallel training
+(``shardkit.strategies``, ``shardkit.train``) and distributed kernels (``shardkit.fft``,
+``shardkit.linalg``, ``shardkit.matmul``).
+
+Names are imported on first use, so ``import shardkit`` (and ``shardkit --help``) stays fast.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 __version__ = "0.1.0"
+
+# public name -> (module, attribute or None for the module itself)
+_EXPORTS: dict[str, tuple[str, str | None]] = {
+    "make_mesh": ("shardkit.mesh", "make_mesh"),
+    "describe_mesh": ("shardkit.mesh", "describe_mesh"),
+    "mesh_table": ("shardkit.mesh", "mesh_table"),
+    "simulate_cpu_devices": ("shardkit.mesh", "simulate_cpu_devices"),
+    "MeshError": ("shardkit.mesh", "MeshError"),
+    "Rules": ("shardkit.rules", "Rules"),
+    "shard": ("shardkit.rules", "shard"),
+    "ShardingRuleError": ("shardkit.rules", "ShardingRuleError"),
+    "lint": ("shardkit.lint", "lint"),
+    "LintReport": ("shardkit.lint", "LintReport"),
+    "show": ("shardkit.layout", "show"),
+    "shard_table": ("shardkit.layout", "shard_table"),
+    "tree_table": ("shardkit.layout", "tree_table"),
+    "diff_specs": ("shardkit.layout", "diff_specs"),
+    "spec_notation": ("shardkit.layout", "spec_notation"),
+    "inspect": ("shardkit.inspection", "inspect"),
+    "assert_collectives": ("shardkit.inspection", "assert_collectives"),
+    "fft": ("shardkit.fft", None),
+    "linalg": ("shardkit.linalg", None),
+    "matmul": ("shardkit.matmul", None),
+    "strategies": ("shardkit.strategies", None),
+    "models": ("shardkit.models", None),
+    "train": ("shardkit.train", None),
+    "Trainer": ("shardkit.train", "Trainer"),
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    try:
+        module, attr = _EXPORTS[name]
+    except KeyError:
+        raise AttributeError(f"module 'shardkit' has no attribute {name!r}") from None
+    mod = importlib.import_module(module)
+    value = mod if attr is None else getattr(mod, attr)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

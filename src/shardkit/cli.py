@@ -1,0 +1,233 @@
+"""The ``shardkit`` command: devices, show, inspect, train.
+
+Only argparse is imported up front so ``shardkit --help`` answers at once; each subcommand
+imports JAX when it runs. ``inspect`` and ``train`` live with their packages
+(``shardkit.inspection.command``, ``shardkit.train.command``), which provide
+``add_arguments(parser)`` and ``run(args) -> int``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+from collections.abc import Sequence
+
+__all__ = ["main", "parse_mesh_arg", "parse_shape_arg", "parse_spec_arg"]
+
+# subcommand -> module providing add_arguments(parser) and run(args)
+_DELEGATED = {
+    "inspect": ("shardkit.inspection.command", "audit a function's compiled collectives"),
+    "train": ("shardkit.train.command", "train a model with a parallel strategy"),
+}
+
+
+class CLIError(ValueError):
+    """A bad command-line value; the message says how to write it."""
+
+
+def parse_mesh_arg(text: str) -> dict[str, int]:
+    """``"data=4,model=2"`` -> ``{"data": 4, "model": 2}`` (``-1`` allowed once)."""
+    out: dict[str, int] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, eq, size = part.partition("=")
+        if not eq or not name:
+            raise CLIError(f"--mesh {text!r}: write mesh axes as name=size, e.g. data=4,model=2.")
+        try:
+            out[name.strip()] = int(size)
+        except ValueError:
+            raise CLIError(
+                f"--mesh {text!r}: size of mesh axis {name!r} is {size!r}, not an integer. "
+                "Example: --mesh data=4,model=2."
+            ) from None
+    if not out:
+        raise CLIError("--mesh is empty. Example: --mesh data=4,model=2.")
+    return out
+
+
+def parse_shape_arg(text: str) -> tuple[int, ...]:
+    """``"16,16"`` -> ``(16, 16)``."""
+    try:
+        shape = tuple(int(s) for s in text.replace("x", ",").split(",") if s.strip())
+    except ValueError:
+        raise CLIError(f"--shape {text!r}: write dims as integers, e.g. --shape 16,16.") from None
+    if not shape or any(d <= 0 for d in shape):
+        raise CLIError(f"--shape {text!r}: dims must be positive integers, e.g. --shape 16,16.")
+    return shape
+
+
+def parse_spec_arg(text: str):
+    """``"data,model"`` -> ``P('data', 'model')``; ``none``/``_``/empty = unsharded dim;
+    ``data+model`` = a dim split over two mesh axes."""
+    from jax.sharding import PartitionSpec
+
+    entries: list[str | tuple[str, ...] | None] = []
+    for part in (p.strip() for p in text.split(",")) if text.strip() else []:
+        if part.lower() in ("", "none", "_", "-"):
+            entries.append(None)
+        elif "+" in part:
+            entries.append(tuple(a for a in part.split("+") if a))
+        else:
+            entries.append(part)
+    return PartitionSpec(*entries)
+
+
+def _add_simulate(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--simulate",
+        type=int,
+        metavar="N",
+        default=None,
+        help="run on N simulated CPU devices (set before JAX starts)",
+    )
+
+
+def _setup_devices(n: int | None) -> None:
+    if n is not None:
+        from shardkit.mesh import simulate_cpu_devices
+
+        simulate_cpu_devices(n)
+
+
+def _cmd_devices(args: argparse.Namespace) -> int:
+    _setup_devices(args.simulate)
+    import jax
+
+    devs = jax.devices()
+    print(
+        f"jax {jax.__version__}, backend {jax.default_backend()}, {len(devs)} device(s), "
+        f"{jax.process_count()} process(es)"
+    )
+    print(f"{'id':>4}  {'kind':<24} {'process':>7}  memory")
+    for d in devs:
+        mem = "unknown"
+        try:
+            stats = d.memory_stats()
+            if stats and "bytes_limit" in stats:
+                from shardkit.layout import format_bytes
+
+                mem = format_bytes(stats["bytes_limit"])
+        except Exception:  # memory_stats is unsupported on some backends (e.g. CPU)
+            pass
+        print(f"{d.id:>4}  {d.device_kind:<24} {d.process_index:>7}  {mem}")
+    return 0
+
+
+def _demo_layouts() -> list[tuple[str, dict, tuple[int, ...], tuple]]:
+    return [
+        ("1-D, split over both mesh axes", {"data": 4, "model": 2}, (16,), (("data", "model"),)),
+        ("2-D, rows over data, columns over model", {"data": 4, "model": 2}, (16, 16),
+         ("data", "model")),
+        ("2-D, partially replicated (rows over data only)", {"data": 4, "model": 2}, (16, 16),
+         ("data", None)),
+        ("3-D, batch over data, last dim over model", {"data": 4, "model": 2}, (8, 4, 16),
+         ("data", None, "model")),
+        ("4-D, three sharded dims (panels)", {"a": 2, "b": 2, "c": 2}, (4, 4, 4, 4),
+         ("a", None, "b", "c")),
+    ]  # fmt: skip
+
+
+def _cmd_show(args: argparse.Namespace) -> int:
+    _setup_devices(args.simulate if args.simulate is not None else _default_simulate())
+    from jax.sharding import PartitionSpec
+
+    from shardkit.layout import show
+    from shardkit.mesh import make_mesh
+
+    fmt = args.format
+    if args.shape is None:
+        if args.spec is not None or args.mesh is not None:
+            raise CLIError("--mesh/--spec need --shape. Example: --shape 16,16 --spec data,model.")
+        for title, axes, shape, spec in _demo_layouts():
+            print(f"\n# {title}")
+            mesh = make_mesh(axes, axis_types=args.axis_types)
+            show(shape=shape, mesh=mesh, spec=PartitionSpec(*spec), format=fmt, name="x")
+        return 0
+    shape = parse_shape_arg(args.shape)
+    mesh = make_mesh(parse_mesh_arg(args.mesh or "data=-1"), axis_types=args.axis_types)
+    spec = parse_spec_arg(args.spec or "")
+    dims = None if args.dims is None else [int(d) for d in args.dims.split(",")]
+    out = show(shape=shape, mesh=mesh, spec=spec, dims=dims, format=fmt, name="x")
+    if fmt == "html":
+        print(out)
+    return 0
+
+
+def _default_simulate() -> int | None:
+    """8 simulated CPU devices unless JAX is told otherwise (accelerators, XLA_FLAGS)."""
+    if "xla_force_host_platform_device_count" in os.environ.get("XLA_FLAGS", ""):
+        return None
+    if os.environ.get("JAX_PLATFORMS", "cpu") not in ("", "cpu"):
+        return None
+    return 8
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The argument parser; a delegated subcommand's module is imported only when
+    ``command`` names it (so ``shardkit --help`` imports no JAX)."""
+    parser = argparse.ArgumentParser(
+        prog="shardkit",
+        description="Sharded and parallel computation on JAX: meshes, layouts, collective "
+        "audits, parallel training.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    p = sub.add_parser("devices", help="list devices, processes and memory")
+    _add_simulate(p)
+    p.set_defaults(func=_cmd_devices)
+
+    p = sub.add_parser(
+        "show",
+        help="draw the layout of a sharded array (a demo tour without --shape)",
+        description="Example: shardkit show --mesh data=4,model=2 --shape 16,16 --spec data,model",
+    )
+    p.add_argument("--mesh", help="mesh axes, e.g. data=4,model=2 (default data=-1)")
+    p.add_argument("--shape", help="array shape, e.g. 16,16 or 8,8,4")
+    p.add_argument("--spec", help="partition spec, e.g. data,model or data+model,none")
+    p.add_argument("--dims", help="the two dims to draw, e.g. 0,2 (others are folded)")
+    p.add_argument("--format", choices=["terminal", "text", "html"], default="terminal")
+    p.add_argument("--axis-types", choices=["explicit", "auto"], default="explicit")
+    _add_simulate(p)
+    p.set_defaults(func=_cmd_show)
+
+    for name, (module, help_text) in _DELEGATED.items():
+        p = sub.add_parser(name, help=help_text)
+        if name != command:
+            p.set_defaults(func=_unavailable(name))
+            continue
+        try:
+            mod = importlib.import_module(module)
+        except ModuleNotFoundError:
+            p.set_defaults(func=_unavailable(name))
+            continue
+        mod.add_arguments(p)
+        p.set_defaults(func=mod.run)
+    return parser
+
+
+def _unavailable(name: str):
+    def run(args: argparse.Namespace) -> int:
+        print(f"shardkit {name}: not available in this installation.", file=sys.stderr)
+        return 2
+
+    return run
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command = next((a for a in argv if not a.startswith("-")), None)
+    parser = build_parser(command)
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 0
+    try:
+        return int(args.func(args) or 0)
+    except (CLIError, ValueError, TypeError, RuntimeError) as e:
+        print(f"shardkit {args.command}: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

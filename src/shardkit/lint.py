@@ -1,0 +1,410 @@
+"""The rule linter: every problem with a layout, found before anything compiles.
+
+``lint(tree, rules_or_specs, mesh)`` checks each leaf's PartitionSpec against its shape and the
+mesh, and reports, with the leaf path: leaves no rule matched, unknown mesh axis names, a mesh
+axis used twice in one spec, a spec longer than the array's rank, and dims not divisible by the
+mesh axes they are split over (with the padding needed and the mesh shapes that would divide).
+It also sums bytes per device and the share of bytes that is replicated.
+
+The result is a :class:`LintReport`: structured for tests (``report.findings``), printable as a
+table, and able to raise the first error as a precise exception.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import jax
+import numpy as np
+from jax.sharding import PartitionSpec
+
+from shardkit.rules import Rules, ShardingRuleError, leaf_path_items, leaf_shape_dtype
+
+__all__ = [
+    "DuplicateMeshAxisError",
+    "Finding",
+    "IndivisibleShardingError",
+    "LeafLayout",
+    "LintReport",
+    "SpecRankError",
+    "UnknownMeshAxisError",
+    "UnmatchedLeafError",
+    "lint",
+    "spec_axes",
+]
+
+
+class UnmatchedLeafError(ShardingRuleError):
+    """A leaf that no partition rule (nor annotation nor default) covers."""
+
+
+class UnknownMeshAxisError(ShardingRuleError):
+    """A spec names a mesh axis the mesh does not have."""
+
+
+class DuplicateMeshAxisError(ShardingRuleError):
+    """A spec uses one mesh axis on two dims."""
+
+
+class SpecRankError(ShardingRuleError):
+    """A spec has more entries than the array has dims."""
+
+
+class IndivisibleShardingError(ShardingRuleError):
+    """A dim's size is not divisible by the product of the mesh axes it is split over."""
+
+
+_ERRORS: dict[str, type[ShardingRuleError]] = {
+    "unmatched": UnmatchedLeafError,
+    "unknown-axis": UnknownMeshAxisError,
+    "duplicate-axis": DuplicateMeshAxisError,
+    "rank": SpecRankError,
+    "indivisible": IndivisibleShardingError,
+}
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One problem: ``code`` is one of unmatched, unknown-axis, duplicate-axis, rank,
+    indivisible; ``severity`` is ``"error"`` or ``"warning"``."""
+
+    path: str
+    code: str
+    severity: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"[{self.severity}] {self.code} at {self.path!r}: {self.message}"
+
+
+@dataclass(frozen=True)
+class LeafLayout:
+    """A leaf's layout: its spec, which rule gave it, and its bytes (global, per device)."""
+
+    path: str
+    shape: tuple[int, ...]
+    dtype: str
+    spec: PartitionSpec | None
+    source: str | None
+    bytes_global: int
+    bytes_per_device: int
+    replicated: bool
+
+
+def spec_axes(spec: PartitionSpec) -> list[tuple[int, tuple[str, ...]]]:
+    """``[(dim, mesh axes)]`` for each sharded dim of ``spec`` (unconstrained dims skipped)."""
+    out = []
+    for dim, entry in enumerate(spec):
+        if entry is None or entry is PartitionSpec.UNCONSTRAINED:
+            continue
+        out.append((dim, (entry,) if isinstance(entry, str) else tuple(entry)))
+    return out
+
+
+def _mesh_sizes(mesh: Any) -> dict[str, int] | None:
+    if mesh is None:
+        return None
+    if isinstance(mesh, Mapping):
+        return {str(k): int(v) for k, v in mesh.items()}
+    return {str(k): int(v) for k, v in mesh.shape.items()}
+
+
+def _fmt_sizes(sizes: Mapping[str, int]) -> str:
+    return "{" + ", ".join(f"{k!r}: {v}" for k, v in sizes.items()) + "}"
+
+
+def _factorizations(n: int, k: int) -> list[tuple[int, ...]]:
+    """All ways to write n as an ordered product of k positive integers."""
+    if k == 1:
+        return [(n,)]
+    divs = [d for d in range(1, n + 1) if n % d == 0]
+    return [(d, *rest) for d in divs for rest in _factorizations(n // d, k - 1)]
+
+
+def _dividing_meshes(
+    shape: tuple[int, ...], spec: PartitionSpec, sizes: Mapping[str, int], limit: int = 3
+) -> list[dict[str, int]]:
+    """Mesh shapes with the same device count and axis names under which ``spec`` divides
+    ``shape``, nearest to the current one first."""
+    names, cur = list(sizes), tuple(sizes.values())
+    n = math.prod(cur)
+    if len(names) > 5 or n > 4096:
+        return []
+    good = []
+    for cand in _factorizations(n, len(names)):
+        s = dict(zip(names, cand))
+        if all(shape[d] % math.prod(s[a] for a in axes) == 0 for d, axes in spec_axes(spec)):
+            dist = sum(abs(math.log2(a) - math.log2(b)) for a, b in zip(cand, cur))
+            good.append((dist, cand, s))
+    good.sort(key=lambda t: (t[0], t[1]))
+    return [s for _, cand, s in good if cand != cur][:limit]
+
+
+def check_leaf(
+    path: str, shape: tuple[int, ...], spec: PartitionSpec, sizes: Mapping[str, int] | None
+) -> list[Finding]:
+    """All findings for one leaf's spec against its shape and the mesh axis sizes."""
+    out: list[Finding] = []
+    where = f"leaf {path!r} shape {shape} spec {spec}"
+    mesh_txt = f" on mesh {_fmt_sizes(sizes)}" if sizes is not None else ""
+    if len(spec) > len(shape):
+        out.append(
+            Finding(
+                path,
+                "rank",
+                "error",
+                f"{where}: the spec has {len(spec)} entries but the array has rank "
+                f"{len(shape)}. Fix: drop the extra entries, e.g. "
+                f"{PartitionSpec(*tuple(spec)[: len(shape)])}, or match this leaf with a "
+                "narrower rule.",
+            )
+        )
+    axes_used = [a for _, axes in spec_axes(spec) for a in axes]
+    for a in sorted({a for a in axes_used if axes_used.count(a) > 1}):
+        out.append(
+            Finding(
+                path,
+                "duplicate-axis",
+                "error",
+                f"{where}: mesh axis {a!r} is used on more than one dim; a mesh axis can split "
+                "only one dim of an array. Fix: use it once, e.g. shard the other dim over a "
+                "different mesh axis or leave it None.",
+            )
+        )
+    if sizes is None:
+        return out
+    unknown = sorted({a for a in axes_used if a not in sizes})
+    for a in unknown:
+        out.append(
+            Finding(
+                path,
+                "unknown-axis",
+                "error",
+                f"{where}: mesh axis {a!r} is not in the mesh{mesh_txt}. Fix: use one of "
+                f"{list(sizes)}, or map the logical name with Rules(..., logical={{{a!r}: "
+                f"{next(iter(sizes))!r}}}).",
+            )
+        )
+    if unknown or len(spec) > len(shape):
+        return out
+    for dim, axes in spec_axes(spec):
+        k = math.prod(sizes[a] for a in axes)
+        if shape[dim] % k:
+            pad = -shape[dim] % k
+            alts = _dividing_meshes(shape, spec, sizes)
+            alt_txt = (
+                f"use a mesh shape that divides, e.g. {', '.join(map(_fmt_sizes, alts))}; or "
+                if alts
+                else ""
+            )
+            axes_txt = " x ".join(f"{a!r} (size {sizes[a]})" for a in axes)
+            out.append(
+                Finding(
+                    path,
+                    "indivisible",
+                    "error",
+                    f"{where}: dim {dim} has size {shape[dim]}, which mesh axis {axes_txt} "
+                    f"(product {k}) does not divide{mesh_txt}. Fix: {alt_txt}pad dim {dim} to "
+                    f"{shape[dim] + pad} (+{pad}); or leave dim {dim} unsharded (None).",
+                )
+            )
+    return out
+
+
+def _bytes(shape: tuple[int, ...], dtype: np.dtype, spec: PartitionSpec | None, sizes) -> int:
+    local = list(shape)
+    if spec is not None and sizes is not None:
+        for dim, axes in spec_axes(spec):
+            if dim < len(local) and all(a in sizes for a in axes):
+                k = math.prod(sizes[a] for a in axes)
+                local[dim] = -(-local[dim] // k)
+    return int(math.prod(local)) * dtype.itemsize
+
+
+@dataclass
+class LintReport:
+    """What :func:`lint` found: ``findings`` (problems) and ``leaves`` (each leaf's layout)."""
+
+    findings: list[Finding]
+    leaves: list[LeafLayout]
+    mesh_sizes: dict[str, int] | None
+    top: int = field(default=5, repr=False)
+
+    @property
+    def errors(self) -> list[Finding]:
+        return [f for f in self.findings if f.severity == "error"]
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+    @property
+    def bytes_global(self) -> int:
+        return sum(leaf.bytes_global for leaf in self.leaves)
+
+    @property
+    def bytes_per_device(self) -> int:
+        return sum(leaf.bytes_per_device for leaf in self.leaves)
+
+    @property
+    def replicated_fraction(self) -> float:
+        """Share of per-device bytes held by fully replicated leaves."""
+        total = self.bytes_per_device
+        rep = sum(leaf.bytes_per_device for leaf in self.leaves if leaf.replicated)
+        return rep / total if total else 0.0
+
+    def largest_replicated(self, n: int | None = None) -> list[LeafLayout]:
+        reps = sorted((x for x in self.leaves if x.replicated), key=lambda x: -x.bytes_global)
+        return reps[: self.top if n is None else n]
+
+    def raise_if_errors(self) -> None:
+        """Raises the first error as its precise exception (message lists how many more)."""
+        if self.ok:
+            return
+        first = self.errors[0]
+        more = len(self.errors) - 1
+        tail = (
+            f" ({more} more problem{'s' * (more != 1)}: run shardkit.lint for all)" if more else ""
+        )
+        raise _ERRORS[first.code](first.message + tail)
+
+    def summary(self) -> str:
+        from shardkit.layout import format_bytes
+
+        n_err = len(self.errors)
+        n_warn = len(self.findings) - n_err
+        parts = [
+            f"{len(self.leaves)} leaves",
+            f"{format_bytes(self.bytes_global)} total",
+            f"{format_bytes(self.bytes_per_device)} per device",
+            f"{100 * self.replicated_fraction:.1f}% of per-device bytes replicated",
+            f"{n_err} error{'s' * (n_err != 1)}",
+            f"{n_warn} warning{'s' * (n_warn != 1)}",
+        ]
+        return "lint: " + ", ".join(parts)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "mesh": self.mesh_sizes,
+            "bytes_global": self.bytes_global,
+            "bytes_per_device": self.bytes_per_device,
+            "replicated_fraction": self.replicated_fraction,
+            "findings": [f.__dict__ for f in self.findings],
+            "leaves": [
+                {**leaf.__dict__, "spec": None if leaf.spec is None else str(leaf.spec)}
+                for leaf in self.leaves
+            ],
+        }
+
+    def __str__(self) -> str:
+        from shardkit.layout import format_bytes
+
+        lines = [self.summary()]
+        for f in self.findings:
+            lines.append(f"  {f}")
+        reps = self.largest_replicated()
+        if reps:
+            lines.append("  largest replicated leaves:")
+            for leaf in reps:
+                lines.append(f"    {leaf.path}  {leaf.shape}  {format_bytes(leaf.bytes_global)}")
+        return "\n".join(lines)
+
+    def __rich__(self):
+        from rich.console import Group
+        from rich.table import Table
+
+        from shardkit.layout import format_bytes
+
+        table = Table(title=self.summary(), title_justify="left")
+        for col in ("severity", "code", "leaf", "message"):
+            table.add_column(col, overflow="fold")
+        for f in self.findings:
+            style = "red" if f.severity == "error" else "yellow"
+            table.add_row(f"[{style}]{f.severity}[/]", f.code, f.path, f.message)
+        reps = Table(title="largest replicated leaves", title_justify="left")
+        for col in ("leaf", "shape", "bytes"):
+            reps.add_column(col)
+        for leaf in self.largest_replicated():
+            reps.add_row(leaf.path, str(leaf.shape), format_bytes(leaf.bytes_global))
+        return Group(table, reps)
+
+
+def lint(tree: Any, rules_or_specs: Rules | Any, mesh: Any = None, *, top: int = 5) -> LintReport:
+    """Checks a layout before compiling: every problem, with its leaf path.
+
+    Args:
+      tree: the pytree to be sharded (arrays, ``jax.ShapeDtypeStruct``, NNX Variables).
+      rules_or_specs: a :class:`~shardkit.Rules`, a tree of PartitionSpec mirroring ``tree``,
+        or one PartitionSpec for every leaf.
+      mesh: a Mesh, AbstractMesh or ``{mesh axis: size}`` dict. Without it, only mesh-free
+        checks run (unmatched leaves, repeated axes, rank).
+      top: how many of the largest replicated leaves the summary lists.
+
+    Returns:
+      A :class:`LintReport`.
+
+    Example:
+      >>> report = lint(params, rules, mesh)
+      >>> report.ok, report.bytes_per_device
+      (True, 1048576)
+      >>> print(report)             # a table of findings and the largest replicated leaves
+
+    See also: :meth:`LintReport.raise_if_errors`, :meth:`shardkit.Rules.specs`.
+    """
+    sizes = _mesh_sizes(mesh)
+    items = leaf_path_items(tree)
+    if isinstance(rules_or_specs, Rules):
+        matches = [(rules_or_specs.match(p, leaf), p, leaf) for p, leaf in items]
+        assigned = [(m.spec, m.source) for m, _, _ in matches]
+    elif isinstance(rules_or_specs, PartitionSpec):
+        assigned = [(rules_or_specs, "spec")] * len(items)
+    else:
+        spec_leaves = jax.tree.leaves(
+            rules_or_specs, is_leaf=lambda x: x is None or isinstance(x, PartitionSpec)
+        )
+        spec_leaves = [x.get_value() if hasattr(x, "get_value") else x for x in spec_leaves]
+        if len(spec_leaves) != len(items):
+            raise ShardingRuleError(
+                f"rules_or_specs: the spec tree has {len(spec_leaves)} leaves but the tree has "
+                f"{len(items)}. Fix: build the specs from the same tree, e.g. "
+                "rules.specs(tree, mesh)."
+            )
+        assigned = [(s if s is not None else PartitionSpec(), "spec") for s in spec_leaves]
+
+    findings: list[Finding] = []
+    leaves: list[LeafLayout] = []
+    for (path, leaf), (spec, source) in zip(items, assigned, strict=True):
+        shape, dtype = leaf_shape_dtype(leaf)
+        if spec is None:
+            findings.append(
+                Finding(
+                    path,
+                    "unmatched",
+                    "error",
+                    f"leaf {path!r} shape {shape} is matched by no partition rule and has no "
+                    "logical annotation. Fix: add a rule for it, e.g. "
+                    f"({path.split('/')[-1]!r}, P()), or pass default=P() to replicate every "
+                    "unmatched leaf.",
+                )
+            )
+        else:
+            findings.extend(check_leaf(path, shape, spec, sizes))
+        used = [] if spec is None else [a for _, axes in spec_axes(spec) for a in axes]
+        replicated = spec is None or sizes is None or all(sizes.get(a, 1) == 1 for a in used)
+        leaves.append(
+            LeafLayout(
+                path=path,
+                shape=shape,
+                dtype=str(dtype),
+                spec=spec,
+                source=source,
+                bytes_global=int(math.prod(shape)) * dtype.itemsize,
+                bytes_per_device=_bytes(shape, dtype, spec, sizes),
+                replicated=replicated,
+            )
+        )
+    return LintReport(findings=findings, leaves=leaves, mesh_sizes=sizes, top=top)

@@ -1,0 +1,292 @@
+"""Partition rules: from pytree key paths (or logical axis names) to PartitionSpecs.
+
+A :class:`Rules` value is an ordered list of ``(regex, PartitionSpec)`` pairs matched against
+each leaf's path string (``"layers/attn/q/kernel"``), plus optional logical-axis rules that map
+logical names (``"embed"``, ``"mlp"``: Flax NNX ``sharding`` annotations, or names used in the
+specs themselves) to mesh axes. The first pattern that matches wins; a leaf matched by no
+pattern uses its logical annotation, then ``default``; with neither it is an error, never a
+silent replication.
+
+Everything here works on ``jax.ShapeDtypeStruct`` trees: planning and linting never need real
+arrays.
+
+Example::
+
+    rules = Rules([(r"attn/(q|k|v)/kernel", P(None, "model")),
+                   (r"attn/out/kernel", P("model", None))],
+                  default=P())
+    specs = rules.specs(params, mesh)          # a tree of PartitionSpec mirroring params
+    params = shard(params, rules.shardings(params, mesh))
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec
+
+__all__ = ["Rules", "ShardingRuleError", "leaf_path_items", "path_str", "shard"]
+
+LogicalTarget = str | tuple[str, ...] | None
+
+
+class ShardingRuleError(ValueError):
+    """Partition rules are malformed, or do not fit a tree/mesh (base of all rule errors)."""
+
+
+def _key_str(k: Any) -> str:
+    for attr in ("key", "name", "idx"):
+        if hasattr(k, attr):
+            return str(getattr(k, attr))
+    return str(k)
+
+
+def path_str(keypath: Sequence[Any]) -> str:
+    """Turns a JAX key path into the ``"a/b/0/kernel"`` string that rules match against.
+
+    Example:
+      >>> path_str((jax.tree_util.DictKey("layers"), jax.tree_util.SequenceKey(0)))
+      'layers/0'
+    """
+    return "/".join(_key_str(k) for k in keypath)
+
+
+def _is_variable(x: Any) -> bool:
+    nnx = sys.modules.get("flax.nnx")
+    return nnx is not None and isinstance(x, nnx.Variable)
+
+
+def _leaf_value(x: Any) -> Any:
+    if _is_variable(x):
+        return x.get_value() if hasattr(x, "get_value") else x.value
+    return x
+
+
+def leaf_shape_dtype(x: Any) -> tuple[tuple[int, ...], np.dtype]:
+    """Shape and dtype of an array-like leaf (array, ShapeDtypeStruct, NNX Variable, scalar)."""
+    v = _leaf_value(x)
+    if hasattr(v, "shape") and hasattr(v, "dtype"):
+        return tuple(int(d) for d in v.shape), np.dtype(v.dtype)
+    a = np.asarray(v)
+    return a.shape, a.dtype
+
+
+def _logical_names(x: Any) -> tuple[str | None, ...] | None:
+    """Logical axis names an NNX Variable carries (``nnx.with_partitioning`` / ``sharding=``)."""
+    if not _is_variable(x):
+        return None
+    meta = x.get_metadata() if hasattr(x, "get_metadata") else {}
+    for key in ("out_sharding", "sharding_names", "sharding"):
+        names = meta.get(key)
+        if names:
+            return tuple(names)
+    return None
+
+
+def leaf_path_items(tree: Any) -> list[tuple[str, Any]]:
+    """``[(path string, leaf)]`` for a pytree, NNX Variables kept whole as leaves."""
+    flat, _ = jax.tree_util.tree_flatten_with_path(tree, is_leaf=_is_variable)
+    return [(path_str(p), leaf) for p, leaf in flat]
+
+
+def _as_spec(spec: Any, where: str) -> PartitionSpec:
+    if isinstance(spec, PartitionSpec):
+        return spec
+    if spec is None:
+        return PartitionSpec()
+    if isinstance(spec, (tuple, list)):
+        return PartitionSpec(*spec)
+    raise ShardingRuleError(
+        f"{where}: expected a PartitionSpec, got {type(spec).__name__} {spec!r}. Fix: write "
+        "P('data', None) (from jax.sharding import PartitionSpec as P)."
+    )
+
+
+@dataclass(frozen=True)
+class Match:
+    """How a leaf got its spec: ``source`` is ``"rule 3: <pattern>"``, ``"logical"``,
+    ``"default"`` or ``None`` when nothing matched."""
+
+    spec: PartitionSpec | None
+    source: str | None
+
+
+class Rules:
+    """Ordered partition rules over pytree key paths, with logical-axis translation.
+
+    Args:
+      rules: ``(regex, PartitionSpec)`` pairs, tried in order with ``re.search`` against the
+        leaf path (``"/"``-joined keys). The first match wins.
+      logical: logical name → mesh axis (``str``), several mesh axes (tuple) or ``None``
+        (replicated). Applied to names inside rule specs and to NNX logical annotations.
+      default: spec for leaves no rule or annotation covers. ``None`` (the default) makes such
+        leaves an error, so nothing is replicated by accident; pass ``P()`` to replicate them.
+
+    Raises:
+      ShardingRuleError: a rule that is not a ``(str, PartitionSpec)`` pair or whose regex does
+        not compile.
+
+    Example:
+      >>> rules = Rules([(r"kernel$", P(None, "mlp"))], logical={"mlp": "model"}, default=P())
+      >>> rules.specs({"w": {"kernel": jax.ShapeDtypeStruct((8, 16), jnp.float32)}})
+      {'w': {'kernel': PartitionSpec(None, 'model')}}
+
+    See also: :func:`shardkit.lint`, :func:`shard`.
+    """
+
+    def __init__(
+        self,
+        rules: Iterable[tuple[str, Any]] = (),
+        *,
+        logical: Mapping[str, LogicalTarget] | None = None,
+        default: PartitionSpec | None = None,
+    ):
+        compiled = []
+        for i, rule in enumerate(rules):
+            if not (isinstance(rule, (tuple, list)) and len(rule) == 2):
+                raise ShardingRuleError(
+                    f"rules[{i}] = {rule!r} is not a (pattern, PartitionSpec) pair. Fix: "
+                    "Rules([(r'attn/q/kernel', P(None, 'model')), ...])."
+                )
+            pattern, spec = rule
+            if not isinstance(pattern, str):
+                raise ShardingRuleError(f"rules[{i}]: pattern {pattern!r} must be a string.")
+            try:
+                rx = re.compile(pattern)
+            except re.error as e:
+                raise ShardingRuleError(
+                    f"rules[{i}]: pattern {pattern!r} is not a valid regex ({e}). Fix: escape "
+                    "special characters, e.g. re.escape('a.b')."
+                ) from None
+            compiled.append((rx, _as_spec(spec, f"rules[{i}] ({pattern!r})")))
+        self._rules: tuple[tuple[re.Pattern[str], PartitionSpec], ...] = tuple(compiled)
+        self._logical: dict[str, LogicalTarget] = dict(logical or {})
+        for name, target in self._logical.items():
+            ok = target is None or isinstance(target, str)
+            ok = ok or (isinstance(target, tuple) and all(isinstance(t, str) for t in target))
+            if not ok:
+                raise ShardingRuleError(
+                    f"logical[{name!r}] = {target!r}: a logical axis maps to a mesh axis name, a "
+                    "tuple of mesh axis names, or None (replicated)."
+                )
+        self._default = None if default is None else _as_spec(default, "default")
+
+    @property
+    def rules(self) -> tuple[tuple[str, PartitionSpec], ...]:
+        return tuple((rx.pattern, spec) for rx, spec in self._rules)
+
+    @property
+    def logical(self) -> dict[str, LogicalTarget]:
+        return dict(self._logical)
+
+    @property
+    def default(self) -> PartitionSpec | None:
+        return self._default
+
+    def __repr__(self) -> str:
+        body = ", ".join(f"({p!r}, {s})" for p, s in self.rules)
+        return f"Rules([{body}], logical={self._logical!r}, default={self._default})"
+
+    def translate(self, spec: PartitionSpec) -> PartitionSpec:
+        """Replaces logical names in ``spec`` by mesh axes (unknown names are kept)."""
+
+        def one(name: str) -> tuple[str, ...]:
+            if name in self._logical:
+                t = self._logical[name]
+                return () if t is None else ((t,) if isinstance(t, str) else t)
+            return (name,)
+
+        out = []
+        for entry in spec:
+            if entry is None:
+                out.append(None)
+                continue
+            names = (entry,) if isinstance(entry, str) else tuple(entry)
+            axes = tuple(a for n in names for a in one(n))
+            out.append(None if not axes else (axes[0] if len(axes) == 1 else axes))
+        return PartitionSpec(*out)
+
+    def match(self, path: str, leaf: Any = None) -> Match:
+        """The spec for one leaf path (and its annotation, if ``leaf`` is an NNX Variable)."""
+        for i, (rx, spec) in enumerate(self._rules):
+            if rx.search(path):
+                return Match(self.translate(spec), f"rule {i}: {rx.pattern}")
+        names = _logical_names(leaf)
+        if names is not None:
+            return Match(self.translate(PartitionSpec(*names)), "logical")
+        if self._default is not None:
+            return Match(self.translate(self._default), "default")
+        return Match(None, None)
+
+    def specs(self, tree: Any, mesh: Any = None, *, validate: bool = True) -> Any:
+        """A tree of PartitionSpec mirroring ``tree`` (NNX Variables keep their wrapper).
+
+        Args:
+          tree: any pytree of arrays, ``jax.ShapeDtypeStruct`` or NNX Variables/State.
+          mesh: a Mesh/AbstractMesh to validate against (mesh axis names, divisibility).
+          validate: raise the first error :func:`shardkit.lint` finds (unmatched leaf, unknown
+            or repeated mesh axis, spec longer than the array, indivisible dim).
+
+        Raises:
+          ShardingRuleError (or a subclass naming the problem) when ``validate`` finds one.
+        """
+        if validate:
+            from shardkit.lint import lint
+
+            lint(tree, self, mesh).raise_if_errors()
+        return _map_leaves(tree, lambda path, leaf: self.match(path, leaf).spec)
+
+    def shardings(self, tree: Any, mesh: Any) -> Any:
+        """A tree of NamedSharding mirroring ``tree``; see :meth:`specs`."""
+        if mesh is None:
+            raise ShardingRuleError("shardings(tree, mesh) needs a mesh. Fix: pass make_mesh(...).")
+        specs = self.specs(tree, mesh)
+        return jax.tree.map(
+            lambda s: NamedSharding(mesh, s), specs, is_leaf=lambda x: isinstance(x, PartitionSpec)
+        )
+
+
+def _map_leaves(tree: Any, fn: Callable[[str, Any], Any]) -> Any:
+    """Maps ``fn(path, leaf)`` over leaves, NNX Variables kept whole and re-wrapped."""
+
+    def one(keypath, leaf):
+        out = fn(path_str(keypath), leaf)
+        if _is_variable(leaf):
+            return leaf.replace(out)
+        return out
+
+    return jax.tree_util.tree_map_with_path(one, tree, is_leaf=_is_variable)
+
+
+def shard(tree: Any, shardings: Any, mesh: Any = None) -> Any:
+    """Places the arrays of ``tree`` with ``shardings`` (a tree of NamedSharding or
+    PartitionSpec, or one sharding for every leaf, or a :class:`Rules`).
+
+    Example:
+      >>> params = shard(params, rules, mesh)
+    """
+    if isinstance(shardings, Rules):
+        if mesh is None:
+            raise ShardingRuleError(
+                "shard(tree, rules) needs mesh=. Fix: shard(tree, rules, mesh)."
+            )
+        shardings = shardings.shardings(tree, mesh)
+    if isinstance(shardings, PartitionSpec):
+        if mesh is None:
+            raise ShardingRuleError(
+                "shard(tree, P(...)) needs mesh=. Fix: pass NamedSharding(mesh, spec) or mesh=."
+            )
+        shardings = NamedSharding(mesh, shardings)
+    elif mesh is not None:
+        shardings = jax.tree.map(
+            lambda s: NamedSharding(mesh, s) if isinstance(s, PartitionSpec) else s,
+            shardings,
+            is_leaf=lambda x: isinstance(x, PartitionSpec),
+        )
+    return jax.device_put(tree, shardings)
