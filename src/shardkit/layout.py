@@ -198,10 +198,15 @@ def _grid(layout: Layout, dims: Sequence[int] | None):
     return shown, panel_dims, folded, ranges, panels
 
 
+_SHORT_DTYPES = {
+    "float32": "f32", "float64": "f64", "bfloat16": "bf16", "float16": "f16", "int32": "i32",
+    "int64": "i64", "complex64": "c64", "complex128": "c128",
+}  # fmt: skip
+
+
 def _header(layout: Layout, name: str) -> str:
     dt = layout.dtype.name
-    short = {"float32": "f32", "float64": "f64", "bfloat16": "bf16", "float16": "f16",
-             "int32": "i32", "int64": "i64", "complex64": "c64", "complex128": "c128"}.get(dt, dt)  # fmt: skip
+    short = _SHORT_DTYPES.get(dt, dt)
     spec = layout.spec
     note = f"  {spec_notation(layout.shape, spec, name=name)}" if spec is not None else ""
     mesh = getattr(layout.sharding, "mesh", None)
