@@ -1,0 +1,137 @@
+"""`assert_collectives`: the audit as an assertion for users' own tests.
+
+A sharded program's communication is part of its contract: "the forward pass all-gathers
+nothing", "the pencil FFT does exactly two all-to-alls", "no collective moves more than 1 MiB".
+`assert_collectives` compiles the function, audits it with `shardkit.inspect`, and raises a
+`CollectiveAssertionError` (an `AssertionError`, so pytest shows it as a failed assert) whose
+message lists each offending collective with its bytes and source line.
+
+Example:
+    >>> def test_fft_does_not_gather():
+    ...     x = jax.ShapeDtypeStruct((64, 64, 64), jnp.complex64, sharding=...)
+    ...     shardkit.assert_collectives(shardkit.fft.pfft3d, x, forbid=["all-gather"],
+    ...                                 expect={"all-to-all": 2})
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from shardkit.inspection.hlo import COLLECTIVE_KINDS
+from shardkit.inspection.report import Report
+
+
+class CollectiveAssertionError(AssertionError):
+    """A compiled program's collectives break what `assert_collectives` was told.
+
+    Attributes:
+        report: the full `Report` of the program.
+        problems: one line per broken expectation.
+    """
+
+    def __init__(self, message: str, *, report: Report, problems: list[str]):
+        super().__init__(message)
+        self.report = report
+        self.problems = problems
+
+
+def _check_kinds(kinds: Iterable[str], arg: str) -> None:
+    for k in kinds:
+        if k not in COLLECTIVE_KINDS:
+            raise ValueError(
+                f"assert_collectives({arg}=...): unknown collective kind {k!r}. Fix: use one "
+                f"of {', '.join(COLLECTIVE_KINDS)}."
+            )
+
+
+def assert_collectives(
+    fn: Any,
+    *args: Any,
+    forbid: Iterable[str] = (),
+    expect: Mapping[str, int] | None = None,
+    max_bytes: float | None = None,
+    max_total_bytes: float | None = None,
+    mesh: Any = None,
+    **kwargs: Any,
+) -> Report:
+    """Compiles `fn` for `args` and asserts facts about its collectives.
+
+    Counts are executions per call: static occurrences times the loop trip counts XLA states
+    (a collective in a loop without a stated trip count counts once, and the message says so).
+
+    Args:
+        fn: a function, a jitted function, or a `Lowered`/`Compiled` object.
+        *args: arrays or `jax.ShapeDtypeStruct`s (with shardings) to compile for.
+        forbid: collective kinds that must not appear at all, e.g. `["all-gather"]`.
+        expect: exact executions per call by kind, e.g. `{"all-to-all": 2}`; kinds not listed
+            are unconstrained (list `{"all-reduce": 0}` to forbid by count).
+        max_bytes: the most bytes per device any single collective execution may move.
+        max_total_bytes: the most bytes per device all collectives together may move per call.
+        mesh: the mesh to decode against (default: the program's own).
+        **kwargs: keyword arguments for `fn`.
+
+    Returns:
+        The `Report`, for further checks.
+
+    Raises:
+        CollectiveAssertionError: when an expectation fails; the message lists the offending
+            collectives with bytes and source lines.
+        ValueError: for an unknown collective kind in `forbid` or `expect`, or a negative count.
+
+    Example:
+        >>> shardkit.assert_collectives(f, x, forbid=["all-gather"], max_bytes=2**20)
+
+    See also:
+        `shardkit.inspect`.
+    """
+    from shardkit.inspection.audit import inspect
+
+    forbid = [forbid] if isinstance(forbid, str) else list(forbid)
+    _check_kinds(forbid, "forbid")
+    expect = dict(expect or {})
+    _check_kinds(expect, "expect")
+    for k, v in expect.items():
+        if not isinstance(v, int) or v < 0:
+            raise ValueError(
+                f"assert_collectives(expect={{{k!r}: {v!r}}}): a count must be an int >= 0. "
+                f'Fix: expect={{"{k}": 2}}.'
+            )
+    report = inspect(fn, *args, mesh=mesh, **kwargs)
+    problems: list[str] = []
+    lines: list[str] = []
+
+    def offenders(cs):
+        return ["  " + c.describe() for c in cs]
+
+    for kind in forbid:
+        cs = report.of_kind(kind)
+        if cs:
+            problems.append(f"forbidden {kind}: {len(cs)} found")
+            lines.extend([problems[-1], *offenders(cs)])
+    for kind, want in expect.items():
+        cs = report.of_kind(kind)
+        got = sum(c.count if c.count is not None else 1 for c in cs)
+        if got != want:
+            unknown = any(c.count is None for c in cs)
+            note = " (a loop around one has no known trip count; counted once)" if unknown else ""
+            problems.append(f"expected {want} {kind} per call, found {got}{note}")
+            lines.extend([problems[-1], *offenders(cs)])
+    if max_bytes is not None:
+        cs = [c for c in report.collectives if c.bytes_moved > max_bytes]
+        if cs:
+            problems.append(f"{len(cs)} collective(s) move more than {max_bytes:,.0f} bytes")
+            lines.extend([problems[-1], *offenders(cs)])
+    if max_total_bytes is not None and report.total_bytes > max_total_bytes:
+        problems.append(
+            f"all collectives move {report.total_bytes:,.0f} bytes per device per call, more "
+            f"than {max_total_bytes:,.0f}"
+        )
+        lines.extend([problems[-1], *offenders(report.collectives)])
+    if problems:
+        raise CollectiveAssertionError(
+            f"{report.name}: collectives differ from what was asserted:\n" + "\n".join(lines),
+            report=report,
+            problems=problems,
+        )
+    return report

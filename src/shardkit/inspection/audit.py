@@ -1,0 +1,463 @@
+"""`inspect`: compile a function and audit what the compiler did.
+
+The audit reads the compiled program (`compiled.as_text()`), not the user's code, so it sees
+every collective the SPMD partitioner inserted, including the silent ones: an all-gather of a
+whole sharded operand under `jnp.fft.fftn` or `jnp.linalg.solve`, a resharding between two
+layouts, a gradient all-reduce. For each it finds the kind, bytes, mesh axes (by decoding the
+replica groups against the mesh), how often it runs (loop trip counts) and the user's source
+line (through the stack-frame tables XLA keeps in the text).
+
+Example:
+    >>> mesh = jax.make_mesh((4, 2), ("data", "model"))
+    >>> x = jax.ShapeDtypeStruct((1024, 512), jnp.float32,
+    ...                          sharding=NamedSharding(mesh, P("data", "model")))
+    >>> report = shardkit.inspect(jnp.fft.fftn, x)
+    >>> report.of_kind("all-gather")[0].describe()
+    'all-gather f32[256,256] over data,model (n=8): 1.8 MiB per device x 1 at ...'
+"""
+
+from __future__ import annotations
+
+import inspect as _pyinspect
+import math
+import time
+from typing import Any
+
+from shardkit.inspection import hlo
+from shardkit.inspection.report import Collective, Cost, Finding, MemoryStats, Report
+
+DEFAULT_LARGE_BYTES = 256 * 2**20
+_NARROW = ("bf16", "f16", "f8")
+
+
+class NoMeshError(ValueError):
+    """The program has no mesh to decode its collectives against."""
+
+
+def _kind_of(obj: Any) -> str:
+    """`compiled`, `lowered`, `jitted` or `function`."""
+    if hasattr(obj, "as_text") and hasattr(obj, "memory_analysis") and not hasattr(obj, "compile"):
+        return "compiled"
+    if hasattr(obj, "compile") and hasattr(obj, "as_text"):
+        return "lowered"
+    if hasattr(obj, "lower") and callable(obj):
+        return "jitted"
+    if callable(obj):
+        return "function"
+    raise TypeError(
+        f"inspect(fn=...) expects a function, a jax.jit-wrapped function, or a Lowered or "
+        f"Compiled object; got {type(obj).__name__} {obj!r:.60}. Fix: shardkit.inspect(f, x) "
+        "with f a Python function of arrays."
+    )
+
+
+def _check_args(fn: Any, args: tuple, kwargs: dict, who: str) -> None:
+    target = getattr(fn, "__wrapped__", fn)
+    try:
+        sig = _pyinspect.signature(target)
+    except (TypeError, ValueError):
+        return
+    try:
+        sig.bind(*args, **kwargs)
+    except TypeError as e:
+        name = getattr(target, "__name__", type(target).__name__)
+        shapes = ", ".join(_describe_arg(a) for a in args) or "no arguments"
+        raise TypeError(
+            f"{who}({name}, ...): the arguments do not match {name}{sig}: {e}. Got {shapes}. "
+            f"Fix: pass the arguments {name} expects, as arrays or jax.ShapeDtypeStruct "
+            "(with sharding=NamedSharding(mesh, P(...)))."
+        ) from None
+
+
+def _describe_arg(a: Any) -> str:
+    shape = getattr(a, "shape", None)
+    dtype = getattr(a, "dtype", None)
+    if shape is not None and dtype is not None:
+        return f"{dtype}{list(shape)}"
+    return type(a).__name__
+
+
+def _compile(
+    fn: Any, args: tuple, kwargs: dict, *, who: str = "inspect"
+) -> tuple[Any, float | None]:
+    """Compiles `fn` for `args` (or passes a compiled object through): (compiled, seconds)."""
+    kind = _kind_of(fn)
+    if kind == "compiled":
+        if args or kwargs:
+            raise TypeError(
+                f"{who}(compiled, ...): a Compiled object takes no arguments; got {len(args)} "
+                f"positional and {len(kwargs)} keyword. Fix: {who}(compiled) or "
+                f"{who}(jitted_fn, *args)."
+            )
+        return fn, None
+    import jax
+
+    t0 = time.perf_counter()
+    if kind == "lowered":
+        if args or kwargs:
+            raise TypeError(
+                f"{who}(lowered, ...): a Lowered object takes no arguments; got {len(args)} "
+                f"positional. Fix: {who}(lowered) or {who}(jitted_fn, *args)."
+            )
+        compiled = fn.compile()
+    else:
+        _check_args(fn, args, kwargs, who)
+        jitted = fn if kind == "jitted" else jax.jit(fn)
+        compiled = jitted.lower(*args, **kwargs).compile()
+    return compiled, time.perf_counter() - t0
+
+
+def _find_mesh(compiled: Any, mesh: Any) -> Any:
+    if mesh is not None:
+        return mesh
+    import jax
+    from jax.sharding import NamedSharding
+
+    in_sh, out_sh = compiled.input_shardings, compiled.output_shardings
+    for sh in jax.tree.leaves((in_sh, out_sh)):
+        if isinstance(sh, NamedSharding) and sh.mesh.size > 1:
+            return sh.mesh
+    abstract = jax.sharding.get_abstract_mesh()
+    if not abstract.empty:
+        return abstract
+    return None
+
+
+def _mesh_axes(mesh: Any) -> tuple[tuple[str, ...], tuple[int, ...]]:
+    shape = dict(mesh.shape)
+    names = tuple(mesh.axis_names)
+    return names, tuple(int(shape[n]) for n in names)
+
+
+def _decode_axes(
+    groups: list[list[int]], names: tuple[str, ...], sizes: tuple[int, ...], *, pairs: bool
+) -> tuple[tuple[str, ...] | None, str]:
+    """The mesh axes over which partition ids in the groups vary, and a partial-coverage note.
+
+    Partition id i is the device at position `unravel(i, sizes)` of the mesh (jit assigns
+    devices in the mesh's row-major order). `pairs` marks collective-permute source-target
+    pairs, which span the axes they move along without covering them.
+    """
+    total = math.prod(sizes)
+    if not groups or any(i >= total for g in groups for i in g):
+        return None, ""
+    varying: set[int] = set()
+    for g in groups:
+        coords = [hlo._unravel(i, sizes) for i in g]
+        for k in range(len(sizes)):
+            if len({c[k] for c in coords}) > 1:
+                varying.add(k)
+    axes = tuple(names[k] for k in sorted(varying))
+    if pairs:
+        return axes, ""
+    span = math.prod(sizes[k] for k in varying)
+    if all(len(set(g)) == span for g in groups):
+        return axes, ""
+    return axes, f"{len(set(groups[0]))} of {span} devices"
+
+
+def _upcast_source(module: hlo.HloModule, instr: hlo.Instruction) -> str | None:
+    """The narrow dtype an operand was converted from just before the collective, if any."""
+    for name in instr.operands:
+        op = module.symbol(instr.computation, name)
+        if op is None:
+            continue
+        src = None
+        if op.opcode == "convert" and op.operands:
+            src = module.symbol(op.computation, op.operands[0])
+        elif op.opcode == "fusion":
+            callee = op.attr("calls")
+            body = module.computations.get(callee.lstrip("%")) if callee else None
+            root = next((i for i in reversed(body or []) if i.is_root), None)
+            if root is not None and root.opcode == "convert" and root.operands:
+                src = module.symbol(root.computation, root.operands[0])
+        if src is not None and src.arrays:
+            dt = src.arrays[0].dtype
+            if dt.startswith(_NARROW) and op.arrays and op.arrays[0].dtype not in _NARROW:
+                return dt
+    return None
+
+
+def _bytes(kind: str, operand_bytes: int, result_bytes: int, n: int) -> tuple[int, float]:
+    """(buffer bytes the formula applies to, bytes each device sends per execution)."""
+    if kind == "all-gather":
+        buf = operand_bytes * n if operand_bytes else result_bytes
+        return buf, buf * (n - 1) / n
+    if kind == "all-reduce":
+        return operand_bytes, 2 * operand_bytes * (n - 1) / n
+    if kind in ("reduce-scatter", "all-to-all"):
+        return operand_bytes, operand_bytes * (n - 1) / n
+    return operand_bytes, float(operand_bytes)
+
+
+def collectives_of(
+    module: hlo.HloModule, mesh_names: tuple[str, ...], mesh_sizes: tuple[int, ...]
+) -> tuple[Collective, ...]:
+    """Every collective of a parsed program, decoded against a mesh (names and sizes)."""
+    counts = hlo.execution_counts(module)
+    out = []
+    for ins in module.collectives():
+        kind = ins.kind
+        assert kind is not None
+        groups = hlo.replica_groups(ins, module.num_partitions)
+        if kind == "collective-permute":
+            n = len({i for g in groups for i in g})
+        else:
+            n = len(groups[0]) if groups else 1
+        op_shapes = []
+        for name in ins.operands:
+            op = module.symbol(ins.computation, name)
+            if op is not None:
+                op_shapes.extend(op.arrays)
+        results = ins.arrays
+        if ins.opcode.endswith("-start") and op_shapes:
+            # async start: the result tuple holds operands and outputs; keep the outputs
+            results = results[len(op_shapes) :] or results
+        if not op_shapes:  # operands unknown (hand-written text): derive from the result
+            op_shapes = list(results)
+            if kind in ("all-gather",):
+                op_shapes = []
+            elif kind in ("reduce-scatter",):
+                op_shapes = [hlo.ArrayShape(a.dtype, a.dims) for a in results]
+        op_bytes = sum(a.nbytes for a in op_shapes)
+        if kind == "reduce-scatter" and not any(
+            module.symbol(ins.computation, o) for o in ins.operands
+        ):
+            op_bytes *= n
+        res_bytes = sum(a.nbytes for a in results)
+        buf, moved = _bytes(kind, op_bytes, res_bytes, n)
+        axes, partial = _decode_axes(
+            groups, mesh_names, mesh_sizes, pairs=kind == "collective-permute"
+        )
+        tb = hlo.source_of(module, ins)
+        dtype = (op_shapes or list(results) or [hlo.ArrayShape("?", ())])[0].dtype
+        out.append(
+            Collective(
+                kind=kind,
+                name=ins.name,
+                dtype=dtype,
+                shapes=tuple(str(a) for a in (op_shapes or results)),
+                result_shapes=tuple(str(a) for a in results),
+                buffer_bytes=int(buf),
+                bytes_moved=moved,
+                group_size=n,
+                num_groups=len(groups),
+                axes=axes,
+                partial=partial,
+                count=counts.get(ins.computation),
+                source=hlo.user_frame(tb),
+                traceback=tb,
+                op_name=ins.op_name,
+                upcast_from=_upcast_source(module, ins),
+                computation=ins.computation,
+            )
+        )
+    return tuple(out)
+
+
+def _memory(compiled: Any) -> MemoryStats | None:
+    try:
+        m = compiled.memory_analysis()
+    except Exception:  # backends without memory analysis  # noqa: BLE001
+        return None
+    if m is None:
+        return None
+    return MemoryStats(
+        argument_bytes=int(m.argument_size_in_bytes),
+        output_bytes=int(m.output_size_in_bytes),
+        alias_bytes=int(m.alias_size_in_bytes),
+        temp_bytes=int(m.temp_size_in_bytes),
+        generated_code_bytes=int(m.generated_code_size_in_bytes),
+    )
+
+
+def _cost(compiled: Any) -> Cost:
+    try:
+        c = compiled.cost_analysis()
+    except Exception:  # noqa: BLE001
+        c = None
+    if isinstance(c, list | tuple):
+        c = c[0] if c else None
+    c = c or {}
+    return Cost(
+        flops=c.get("flops"),
+        bytes_accessed=c.get("bytes accessed"),
+        transcendentals=c.get("transcendentals"),
+    )
+
+
+def _findings(
+    compiled: Any, colls: tuple[Collective, ...], large_bytes: float, platform: str
+) -> tuple[Finding, ...]:
+    import jax
+
+    found: list[Finding] = []
+    in_sh, _ = compiled.input_shardings
+    args_info, _ = compiled.args_info
+    sharded_inputs = [
+        (tuple(info.shape), math.prod(info.shape))
+        for info, sh in zip(jax.tree.leaves(args_info), jax.tree.leaves(in_sh), strict=False)
+        if not getattr(sh, "is_fully_replicated", True) and math.prod(info.shape) > 1
+    ]
+    for i, c in enumerate(colls):
+        if c.kind in ("all-gather", "all-reduce") and c.group_size > 1:
+            res = hlo.parse_shape(c.result_shapes[0]) if c.result_shapes else ()
+            elems = math.prod(res[0].dims) if res else 0
+            match = next((s for s, n in sharded_inputs if n == elems), None)
+            if match is not None:
+                found.append(
+                    Finding(
+                        "implicit-gather",
+                        f"{c.kind} #{i} materialises a whole sharded operand "
+                        f"({c.result_shapes[0]}, global shape {list(match)}) on every device at "
+                        f"{c.where}. The operation is not partitioned: each device computes on "
+                        "the full array. Fix: use a distributed algorithm (shard_map with "
+                        "explicit collectives, e.g. shardkit.fft / shardkit.linalg) or reshard "
+                        "so no operand needs gathering.",
+                        i,
+                    )
+                )
+        if c.total_bytes > large_bytes:
+            found.append(
+                Finding(
+                    "large-collective",
+                    f"{c.kind} #{i} moves {c.total_bytes:,.0f} bytes per device per call "
+                    f"(> {large_bytes:,.0f}) at {c.where}. Fix: check the layouts of its "
+                    "operands, or raise large_bytes=.",
+                    i,
+                )
+            )
+        if c.upcast_from:
+            backend = "XLA:CPU" if platform == "cpu" else f"XLA:{platform.upper()}"
+            found.append(
+                Finding(
+                    "upcast",
+                    f"{c.kind} #{i} runs in {c.dtype} on {c.upcast_from} data ({backend} "
+                    f"converts {c.upcast_from} collectives to {c.dtype}, so its bytes are "
+                    "counted in the wider type; GPU and TPU keep the narrow type) at "
+                    f"{c.where}.",
+                    i,
+                )
+            )
+    if sharded_inputs:
+        out_info = compiled.out_info
+        for (path, info), sh in zip(
+            jax.tree_util.tree_flatten_with_path(out_info)[0],
+            jax.tree.leaves(compiled.output_shardings),
+            strict=False,
+        ):
+            if getattr(sh, "is_fully_replicated", False) and math.prod(info.shape) > 1:
+                name = "out" + jax.tree_util.keystr(path)
+                found.append(
+                    Finding(
+                        "replicated-output",
+                        f"output {name} {info.dtype}{list(info.shape)} is fully replicated "
+                        "although an input is sharded: every device holds the whole result. "
+                        "Fix: jax.jit(f, out_shardings=NamedSharding(mesh, P(...))) or "
+                        "jax.lax.with_sharding_constraint on the result.",
+                    )
+                )
+    return tuple(found)
+
+
+def inspect(
+    fn: Any,
+    *args: Any,
+    mesh: Any = None,
+    large_bytes: float = DEFAULT_LARGE_BYTES,
+    **kwargs: Any,
+) -> Report:
+    """Compiles `fn` for `args` and reports what the compiler did.
+
+    The report lists every collective of the compiled program (kind, dtype and shape, bytes
+    per device, mesh axes, executions per call, the user's source line), per-device memory
+    from `memory_analysis()`, FLOPs and bytes accessed from `cost_analysis()`, warnings, and
+    the input/output layouts.
+
+    Args:
+        fn: a function, a `jax.jit`-wrapped function, a `Lowered` or a `Compiled` object.
+        *args: the arguments to compile for: arrays or `jax.ShapeDtypeStruct`s with shardings
+            (none for a Lowered or Compiled object).
+        mesh: the mesh to decode collectives against; default: the mesh of the program's
+            `NamedSharding`s, else the one set with `jax.set_mesh`.
+        large_bytes: collectives moving more bytes per device per call get a warning.
+        **kwargs: keyword arguments for `fn` (any name but `mesh` and `large_bytes`).
+
+    Returns:
+        A `Report` (print it, or use `.to_dict()`, `.to_json()`, `.to_html()`).
+
+    Raises:
+        TypeError: `fn` is not callable, or the arguments do not match its signature.
+        NoMeshError: the program has no mesh (no NamedSharding anywhere, no `jax.set_mesh`).
+
+    Example:
+        >>> mesh = jax.make_mesh((8,), ("x",))
+        >>> a = jax.device_put(jnp.ones((64, 32)), NamedSharding(mesh, P("x")))
+        >>> report = shardkit.inspect(lambda a: a @ a.T, a)
+        >>> report.counts()["all-gather"]
+        1
+
+    See also:
+        `shardkit.assert_collectives`, `shardkit.inspection.compiled_layout`.
+    """
+    from shardkit.inspection.compiled_layout import arg_names_of, layout_of, requested_shardings
+
+    compiled, compile_seconds = _compile(fn, args, kwargs)
+    found = _find_mesh(compiled, mesh)
+    t0 = time.perf_counter()
+    text = compiled.as_text()
+    module = hlo.parse_hlo(text)
+    parse_text = time.perf_counter() - t0
+    if found is None:
+        what = getattr(fn, "__name__", type(fn).__name__)
+        raise NoMeshError(
+            f"inspect({what}, ...): the compiled program ({module.num_partitions} partition(s)) "
+            "has no mesh: no argument or output carries a NamedSharding and no mesh is set. "
+            "Fix: place the arguments with jax.device_put(x, NamedSharding(mesh, P(...))) or "
+            "pass jax.ShapeDtypeStruct(shape, dtype, sharding=NamedSharding(mesh, P(...))), "
+            "or call inside `with jax.set_mesh(mesh):`, or pass mesh=."
+        )
+    names, sizes = _mesh_axes(found)
+    if math.prod(sizes) != module.num_partitions:
+        raise NoMeshError(
+            f"inspect: the mesh {dict(zip(names, sizes, strict=True))} has {math.prod(sizes)} "
+            f"devices but the program runs on {module.num_partitions} partitions. Fix: pass "
+            "mesh= the mesh the program was compiled for."
+        )
+    t1 = time.perf_counter()
+    colls = collectives_of(module, names, sizes)
+    platform = _platform(compiled)
+    findings = _findings(compiled, colls, large_bytes, platform)
+    parse_seconds = parse_text + time.perf_counter() - t1
+    kind = _kind_of(fn)
+    layout = None
+    if kind in ("function", "jitted"):
+        layout = layout_of(
+            compiled,
+            arg_names=arg_names_of(getattr(fn, "__wrapped__", fn), len(args)),
+            requested_in=requested_shardings(args),
+        )
+    else:
+        layout = layout_of(compiled)
+    return Report(
+        name=module.name,
+        mesh=dict(zip(names, sizes, strict=True)),
+        platform=platform,
+        collectives=colls,
+        memory=_memory(compiled),
+        cost=_cost(compiled),
+        warnings=findings,
+        layout=layout,
+        parse_seconds=parse_seconds,
+        compile_seconds=compile_seconds,
+    )
+
+
+def _platform(compiled: Any) -> str:
+    try:
+        devs = compiled.runtime_executable().local_devices()
+        return devs[0].platform if devs else "?"
+    except Exception:  # noqa: BLE001
+        import jax
+
+        return jax.default_backend()
