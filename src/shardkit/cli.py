@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import re
 import sys
 from collections.abc import Sequence
 
@@ -49,7 +50,7 @@ def parse_mesh_arg(text: str) -> dict[str, int]:
 def parse_shape_arg(text: str) -> tuple[int, ...]:
     """``"16,16"`` -> ``(16, 16)``."""
     try:
-        shape = tuple(int(s) for s in text.replace("x", ",").split(",") if s.strip())
+        shape = tuple(int(s) for s in re.split(r"[,x]", text.strip()))
     except ValueError:
         raise CLIError(f"--shape {text!r}: write dims as integers, e.g. --shape 16,16.") from None
     if not shape or any(d <= 0 for d in shape):

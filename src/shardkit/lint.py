@@ -183,7 +183,7 @@ def check_leaf(
                 path,
                 "unknown-axis",
                 "error",
-                f"{where}: mesh axis {a!r} is not in the mesh{mesh_txt}. Fix: use one of "
+                f"{where}: mesh axis {a!r} is not in the mesh {_fmt_sizes(sizes)}. Fix: use one of "
                 f"{list(sizes)}, or map the logical name with Rules(..., logical={{{a!r}: "
                 f"{next(iter(sizes))!r}}}).",
             )

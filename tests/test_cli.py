@@ -1,0 +1,84 @@
+"""The shardkit command: show on 1-D..4-D arrays, devices, bad arguments, lazy imports."""
+
+import subprocess
+import sys
+
+import pytest
+
+from shardkit.cli import CLIError, main, parse_mesh_arg, parse_shape_arg, parse_spec_arg
+
+
+@pytest.mark.parametrize(
+    "shape, spec, mesh, expect",
+    [
+        ("16", "data", "data=8", ["A 14:16", "cpu 7"]),
+        ("16,16", "data,model", "data=4,model=2", ["A 12:16", "B 8:16", "cpu 6"]),
+        ("8,4,6", "data,none,model", "data=4,model=2", ["folded unsharded dims B", "cpu 7"]),
+        ("4,4,4,4", "a,_,b,c", "a=2,b=2,c=2", ["panel D 2:4", "one panel per block", "cpu 5"]),
+    ],
+)
+def test_show_ranks(capsys, shape, spec, mesh, expect):
+    rc = main(["show", "--mesh", mesh, "--shape", shape, "--spec", spec, "--format", "text"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    for piece in expect:
+        assert piece in out
+
+
+def test_show_demo_tour(capsys):
+    assert main(["show", "--format", "text"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("# ") == 5 and "x[A_{data,model}]" in out and "panel" in out
+
+
+def test_devices(capsys):
+    assert main(["devices"]) == 0
+    out = capsys.readouterr().out
+    assert "8 device(s), 1 process(es)" in out and out.count(" cpu ") == 8
+
+
+@pytest.mark.parametrize(
+    "argv, match",
+    [
+        (["show", "--mesh", "data4", "--shape", "8"], "write mesh axes as name=size"),
+        (["show", "--mesh", "data=four", "--shape", "8"], "not an integer"),
+        (["show", "--mesh", "data=8", "--shape", "8,x"], "write dims as integers"),
+        (["show", "--mesh", "data=8", "--shape", "8,"], "write dims as integers"),
+        (["show", "--mesh", "data=8", "--shape", "0"], "positive integers"),
+        (["show", "--mesh", "data=8", "--shape", "6", "--spec", "data"], "dim 0 has size 6"),
+        (["show", "--mesh", "data=8", "--shape", "8", "--spec", "model"], "'model' is not in"),
+        (["show", "--mesh", "data=3", "--shape", "9", "--spec", "data"], "needs 3 devices"),
+        (["show", "--spec", "data"], "need --shape"),
+    ],
+)
+def test_bad_arguments(capsys, argv, match):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert match in err and err.startswith("shardkit show: error:")
+
+
+def test_parsers():
+    from jax.sharding import PartitionSpec as P
+
+    assert parse_mesh_arg("data=4,model=-1") == {"data": 4, "model": -1}
+    assert parse_shape_arg("8x4") == (8, 4)
+    assert parse_spec_arg("data+model,none,_") == P(("data", "model"), None, None)
+    with pytest.raises(CLIError, match="--mesh is empty"):
+        parse_mesh_arg(",")
+
+
+def test_unknown_subcommand_is_an_argparse_error():
+    with pytest.raises(SystemExit) as e:
+        main(["frobnicate"])
+    assert e.value.code == 2
+
+
+def test_help_imports_no_jax():
+    code = (
+        "import sys; from shardkit.cli import main\n"
+        "try: main(['--help'])\nexcept SystemExit: pass\n"
+        "print('jax' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip().endswith("False")
+    assert "devices" in out.stdout and "train" in out.stdout and "inspect" in out.stdout
