@@ -245,3 +245,33 @@ def test_random_layouts_never_crash(case):
     else:
         with pytest.raises(ShardingRuleError):
             Rules([("w", spec)]).specs(tree, mesh)
+
+
+def test_registered_dataclass_and_scalar_leaves():
+    import dataclasses
+
+    @jax.tree_util.register_dataclass
+    @dataclasses.dataclass
+    class Params:
+        kernel: jax.Array
+        step: jax.Array
+
+    mesh = make_mesh({"data": 8}, axis_types="auto")
+    tree = Params(kernel=jnp.ones((16, 4)), step=jnp.asarray(3))
+    rules = Rules([(r"^kernel$", P("data")), (r"^step$", P())])
+    specs = rules.specs(tree, mesh)
+    assert specs.kernel == P("data") and specs.step == P()
+    placed = shard(tree, rules, mesh)
+    assert placed.kernel.sharding.spec == P("data") and int(placed.step) == 3
+    assert lint({"n": 3.0}, Rules(default=P()), mesh).leaves[0].shape == ()
+
+
+def test_shard_nnx_state_keeps_variables(axis_type):
+    model = nnx.Linear(16, 8, rngs=nnx.Rngs(0))
+    state = nnx.state(model)
+    mesh = make_mesh({"data": 4, "model": 2}, axis_types=axis_type)
+    rules = Rules([(r"kernel", P(None, "model")), (r"bias", P("model"))])
+    placed = shard(state, rules, mesh)
+    kernel = placed["kernel"].get_value()
+    assert kernel.sharding.spec == P(None, "model")
+    np.testing.assert_allclose(np.asarray(kernel), np.asarray(model.kernel.get_value()))
