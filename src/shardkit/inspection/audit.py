@@ -200,8 +200,13 @@ def collectives_of(
         kind = ins.kind
         assert kind is not None
         groups = hlo.replica_groups(ins, module.num_partitions)
+        axes, partial = _decode_axes(
+            groups, mesh_names, mesh_sizes, pairs=kind == "collective-permute"
+        )
         if kind == "collective-permute":
-            n = len({i for g in groups for i in g})
+            # the ring (or chain) runs along the mesh axes the pairs move over
+            span = {i for g in groups for i in g}
+            n = math.prod(mesh_sizes[mesh_names.index(a)] for a in axes) if axes else len(span)
         else:
             n = len(groups[0]) if groups else 1
         op_shapes = []
@@ -226,9 +231,6 @@ def collectives_of(
             op_bytes *= n
         res_bytes = sum(a.nbytes for a in results)
         buf, moved = _bytes(kind, op_bytes, res_bytes, n)
-        axes, partial = _decode_axes(
-            groups, mesh_names, mesh_sizes, pairs=kind == "collective-permute"
-        )
         tb = hlo.source_of(module, ins)
         dtype = (op_shapes or list(results) or [hlo.ArrayShape("?", ())])[0].dtype
         out.append(

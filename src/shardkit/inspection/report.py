@@ -48,7 +48,8 @@ class Collective:
         buffer_bytes: the bytes the formula applies to (the gathered result for an all-gather,
             the operands otherwise).
         bytes_moved: bytes each device sends for one execution (`FORMULAS[kind]`).
-        group_size: n, devices per replica group (for a permute: devices taking part).
+        group_size: n, devices per replica group (for a permute: the size of the mesh axes
+            it moves along).
         num_groups: number of replica groups (source-target pairs for a permute).
         axes: the mesh axes the groups span, e.g. `("model",)`; None when the groups are not
             a product of mesh axes (`partial` explains).
