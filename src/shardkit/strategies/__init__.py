@@ -1,0 +1,29 @@
+"""Parallelism strategies: small frozen values that yield mesh axes, layouts and collectives.
+
+Example:
+    >>> from shardkit.strategies import Hybrid
+    >>> s = Hybrid(data=2, fsdp=2, tensor=2)
+    >>> mesh = s.make_mesh()  # 8 devices -> {'data': 2, 'fsdp': 2, 'tensor': 2}
+    >>> s.batch_spec(mesh)
+    PartitionSpec(('data', 'fsdp'), None)
+"""
+
+from shardkit.strategies.auto import Auto as Auto
+from shardkit.strategies.core import FSDP as FSDP
+from shardkit.strategies.core import DataParallel as DataParallel
+from shardkit.strategies.core import ExpectedCollectives as ExpectedCollectives
+from shardkit.strategies.core import Hybrid as Hybrid
+from shardkit.strategies.core import TensorParallel as TensorParallel
+from shardkit.strategies.core import UnmatchedLeafError as UnmatchedLeafError
+from shardkit.strategies.parse import from_name as from_name
+
+__all__ = [
+    "FSDP",
+    "Auto",
+    "DataParallel",
+    "ExpectedCollectives",
+    "Hybrid",
+    "TensorParallel",
+    "UnmatchedLeafError",
+    "from_name",
+]

@@ -1,0 +1,436 @@
+"""Parallelism strategies as small frozen values.
+
+Every strategy reduces to three degrees over named mesh axes plus a ZeRO stage:
+
+* "data": batch split, parameters replicated, one gradient all-reduce per step;
+* "fsdp": batch split and parameters (ZeRO-3) or only optimizer state (ZeRO-1) split;
+  parameters are all-gathered for compute and gradients reduce-scattered (or all-reduced);
+* "tensor": Megatron tensor parallelism from logical axis names: "mlp", "heads" and "vocab"
+  dims split (column-parallel in, row-parallel out, vocab-parallel embedding and loss).
+
+`DataParallel`, `FSDP` and `TensorParallel` are one-axis cases of `Hybrid`; combining them is
+`Hybrid(data=2, fsdp=2, tensor=2)`, not a subclass tree.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jax
+from jax.sharding import PartitionSpec as P
+
+TENSOR_NAMES = ("mlp", "heads", "vocab")  # logical names split by tensor parallelism
+NEVER_SHARDED = ("layers",)  # the stacked-layer axis is scanned over, never split
+
+
+@dataclasses.dataclass(frozen=True)
+class ExpectedCollectives:
+    """The collective kinds a strategy's compiled training step must and may contain.
+
+    Attributes:
+        required: groups of alternatives; each group needs at least one kind present
+            (e.g. `{"reduce-scatter", "all-reduce"}` for FSDP gradients, since XLA:CPU may
+            emit an all-reduce where a GPU emits a reduce-scatter).
+        allowed: every kind that may appear; any other kind is a finding.
+        why: one line per required group, for reports.
+    """
+
+    required: tuple[frozenset[str], ...]
+    allowed: frozenset[str]
+    why: tuple[str, ...] = ()
+
+    def check(self, counts: Mapping[str, int]) -> list[str]:
+        """Returns human-readable problems (empty when `counts` matches)."""
+        present = {k for k, n in counts.items() if n}
+        problems = []
+        for group, reason in zip(self.required, self.why, strict=True):
+            if not present & group:
+                problems.append(f"missing {' or '.join(sorted(group))} ({reason})")
+        for kind in sorted(present - self.allowed):
+            problems.append(f"unexpected {kind} x{counts[kind]}")
+        return problems
+
+
+class _Base:
+    """Shared behaviour; subclasses define `degrees(n_devices)` and `name`."""
+
+    zero: int = 3
+
+    # -- mesh -----------------------------------------------------------------------------
+    def degrees(self, n_devices: int) -> dict[str, int]:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def mesh_axes(self, n_devices: int) -> dict[str, int]:
+        """Mesh axis names and sizes for `n_devices`, axes of size 1 dropped.
+
+        Raises:
+            ValueError: if the degrees do not multiply to `n_devices`.
+        """
+        degrees = self.degrees(n_devices)
+        total = math.prod(degrees.values())
+        if total != n_devices:
+            raise ValueError(
+                f"{self!r} needs {total} devices ({_fmt(degrees)}) but {n_devices} are "
+                f"available; fix: choose degrees whose product is {n_devices}, or -1 for one "
+                "of them to take the rest."
+            )
+        axes = {k: v for k, v in degrees.items() if v > 1}
+        return axes or {"data": 1}
+
+    def make_mesh(self, devices: Sequence[Any] | None = None, *, axis_types: str = "auto"):
+        """Builds the `jax.sharding.Mesh` for this strategy over `devices` (default: all).
+
+        Args:
+            devices: devices to use; default `jax.devices()`.
+            axis_types: "auto" or "explicit" (JAX's `AxisType`).
+        """
+        import numpy as np
+        from jax.sharding import AxisType, Mesh
+
+        devices = list(jax.devices() if devices is None else devices)
+        axes = self.mesh_axes(len(devices))
+        kinds = {"auto": AxisType.Auto, "explicit": AxisType.Explicit}
+        if axis_types not in kinds:
+            raise ValueError(
+                f"axis_types={axis_types!r} is not 'auto' or 'explicit'; fix: axis_types='auto'."
+            )
+        grid = np.asarray(devices, dtype=object).reshape(tuple(axes.values()))
+        return Mesh(grid, tuple(axes), axis_types=(kinds[axis_types],) * len(axes))
+
+    # -- layouts --------------------------------------------------------------------------
+    def batch_axes(self, mesh) -> tuple[str, ...]:
+        """Mesh axes the batch dimension is split over ("data" then "fsdp")."""
+        return tuple(a for a in ("data", "fsdp") if _size(mesh, a) > 1)
+
+    def batch_spec(self, mesh, ndim: int = 2) -> P:
+        """PartitionSpec of an input batch of rank `ndim`: batch dim split, others not."""
+        axes = self.batch_axes(mesh)
+        lead = axes if len(axes) > 1 else (axes[0] if axes else None)
+        return P(lead, *([None] * (ndim - 1)))
+
+    def param_specs(self, params: Any, mesh, *, logical: Any = None) -> Any:
+        """PartitionSpecs for a parameter tree (arrays or `jax.ShapeDtypeStruct`s).
+
+        Args:
+            params: pytree of arrays or ShapeDtypeStructs.
+            mesh: the mesh from `make_mesh` (or any mesh with these axis names).
+            logical: optional tree mirroring `params` with logical axis names per leaf
+                (`shardkit.models.logical_axes(model)`); without it, tensor parallelism
+                falls back to `tensor_rules` name patterns.
+
+        Returns:
+            A tree of `PartitionSpec` mirroring `params`.
+        """
+        return _map_specs(self, params, mesh, logical, for_optimizer=False)
+
+    def opt_state_specs(self, params: Any, mesh, *, logical: Any = None) -> Any:
+        """PartitionSpecs for per-parameter optimizer state (e.g. Adam's mu and nu).
+
+        Same as `param_specs` except under ZeRO-1, where optimizer state is split over
+        "fsdp" while the parameters stay replicated.
+        """
+        return _map_specs(self, params, mesh, logical, for_optimizer=True)
+
+    def compute_spec(self, spec: P) -> P:
+        """The layout a parameter has while used in compute: "fsdp" removed (all-gathered)."""
+        return P(*(_drop(entry, "fsdp") for entry in spec))
+
+    def expected_collectives(self, mesh) -> ExpectedCollectives:
+        """Collective kinds the compiled training step must (and may) contain on `mesh`."""
+        required, why, allowed = [], [], set()
+        batch_split = any(_size(mesh, a) > 1 for a in ("data", "fsdp"))
+        fsdp = _size(mesh, "fsdp") > 1
+        if batch_split:
+            required.append(frozenset({"all-reduce", "reduce-scatter"}))
+            why.append("gradients summed over the batch-split axes")
+            allowed |= {"all-reduce", "reduce-scatter"}
+        if fsdp:
+            required.append(frozenset({"all-gather"}))
+            why.append(
+                "parameters all-gathered for compute (ZeRO-3)"
+                if self.zero == 3
+                else "updated parameter shards all-gathered (ZeRO-1)"
+            )
+            allowed |= {"all-gather"}
+        if _size(mesh, "tensor") > 1:
+            required.append(frozenset({"all-reduce"}))
+            why.append("row-parallel partial sums reduced over 'tensor' (Megatron)")
+            # the vocab-parallel loss gathers scores; layout changes may use all-to-all
+            allowed |= {"all-reduce", "all-gather", "reduce-scatter", "all-to-all"}
+        return ExpectedCollectives(tuple(required), frozenset(allowed), tuple(why))
+
+    def describe(self, mesh) -> str:
+        """One line: the strategy, mesh shape and what is split where."""
+        parts = []
+        if _size(mesh, "data") > 1:
+            parts.append(f"data x{_size(mesh, 'data')} (batch split, params replicated)")
+        if _size(mesh, "fsdp") > 1:
+            what = "params+grads+optimizer" if self.zero == 3 else "optimizer state"
+            parts.append(f"fsdp x{_size(mesh, 'fsdp')} (ZeRO-{self.zero}: {what} split)")
+        if _size(mesh, "tensor") > 1:
+            parts.append(f"tensor x{_size(mesh, 'tensor')} (Megatron: heads/mlp/vocab split)")
+        return f"{self!r}: " + ("; ".join(parts) or "single device, nothing split")
+
+
+def _fmt(degrees: Mapping[str, int]) -> str:
+    return " x ".join(f"{k}={v}" for k, v in degrees.items())
+
+
+def _size(mesh, axis: str) -> int:
+    return int(dict(zip(mesh.axis_names, mesh.devices.shape, strict=True)).get(axis, 1))
+
+
+def _drop(entry, axis: str):
+    if entry is None or entry == axis:
+        return None
+    if isinstance(entry, tuple):
+        rest = tuple(e for e in entry if e != axis)
+        return rest if len(rest) > 1 else (rest[0] if rest else None)
+    return entry
+
+
+def _check_degrees(sizes: Mapping[str, int]) -> None:
+    for k, v in sizes.items():
+        if not isinstance(v, int) or (v != -1 and v < 1):
+            raise ValueError(f"{k}={v!r} must be a positive degree or -1 (the rest); fix: {k}=-1.")
+    free = [k for k, v in sizes.items() if v == -1]
+    if len(free) > 1:
+        raise ValueError(
+            f"only one degree may be -1, got {', '.join(free)}; fix: give all but one a size."
+        )
+
+
+def _resolve(n_devices: int, sizes: Mapping[str, int]) -> dict[str, int]:
+    """Fills in a single -1 degree with the remaining devices."""
+    _check_degrees(sizes)
+    free = [k for k, v in sizes.items() if v == -1]
+    for k, v in sizes.items():
+        if v != -1 and v < 1:
+            raise ValueError(f"{k}={v} must be a positive degree or -1 (the rest); fix: {k}=-1.")
+    if len(free) > 1:
+        raise ValueError(
+            f"only one degree may be -1, got {', '.join(free)}; fix: give all but one a size."
+        )
+    fixed = math.prod(v for v in sizes.values() if v != -1)
+    out = dict(sizes)
+    if free:
+        if n_devices % fixed:
+            raise ValueError(
+                f"{_fmt({k: v for k, v in sizes.items() if v != -1})} does not divide "
+                f"{n_devices} devices; fix: use degrees whose product divides {n_devices}."
+            )
+        out[free[0]] = n_devices // fixed
+    return out
+
+
+def _map_specs(strategy, params, mesh, logical, *, for_optimizer: bool):
+    flat, treedef = jax.tree_util.tree_flatten_with_path(params)
+    names = [None] * len(flat) if logical is None else _flatten_up_to(treedef, logical)
+    specs = [
+        leaf_spec(
+            strategy,
+            _path_str(path),
+            tuple(getattr(leaf, "shape", ())),
+            nm,
+            mesh,
+            for_optimizer=for_optimizer,
+        )
+        for (path, leaf), nm in zip(flat, names, strict=True)
+    ]
+    return jax.tree_util.tree_unflatten(treedef, specs)
+
+
+def _flatten_up_to(treedef, tree):
+    return treedef.flatten_up_to(tree)
+
+
+def _path_str(path) -> str:
+    return "/".join(str(getattr(k, "key", getattr(k, "idx", getattr(k, "name", k)))) for k in path)
+
+
+def leaf_spec(strategy, path: str, shape: tuple[int, ...], names, mesh, *, for_optimizer=False):
+    """The PartitionSpec of one leaf: tensor dims from logical names or patterns, then FSDP."""
+    spec: list = [None] * len(shape)
+    tensor = _size(mesh, "tensor")
+    if tensor > 1:
+        dim = _tensor_dim(strategy, path, shape, names, tensor)
+        if dim is not None:
+            spec[dim] = "tensor"
+    fsdp = _size(mesh, "fsdp")
+    if fsdp > 1 and (strategy.zero == 3 or for_optimizer):
+        dim = _fsdp_dim(shape, names, spec, fsdp)
+        if dim is not None:
+            spec[dim] = "fsdp"
+    return P(*spec)
+
+
+def _tensor_dim(strategy, path, shape, names, tensor):
+    if names:
+        for logical in TENSOR_NAMES:
+            if logical in names:
+                dim = names.index(logical)
+                if shape[dim] % tensor == 0:
+                    return dim
+                return None  # indivisible: replicated (reported by the layout table)
+        return None
+    rules = getattr(strategy, "tensor_rules", None)
+    if rules is None:
+        raise UnmatchedLeafError(
+            f"leaf {path!r} (shape {shape}) has no logical axis names and {strategy!r} has no "
+            "tensor_rules, so tensor parallelism cannot tell which dim to split; fix: annotate "
+            "the parameter (nnx.Param(..., out_sharding=('embed', 'mlp'), eager_sharding=False))"
+            " or pass tensor_rules=((r'<path regex>', <dim or None>), ..., (r'.*', None))."
+        )
+    for pattern, dim in rules:
+        if re.search(pattern, path):
+            if dim is None or not shape:
+                return None
+            d = dim % len(shape)
+            return None if shape[d] % tensor else d
+    raise UnmatchedLeafError(
+        f"leaf {path!r} (shape {shape}) matches no tensor_rules pattern of {strategy!r}; "
+        "fix: add a rule for it, e.g. (r'.*', None) last to replicate everything else."
+    )
+
+
+class UnmatchedLeafError(ValueError):
+    """A parameter leaf that no rule of the strategy covers."""
+
+
+def _fsdp_dim(shape, names, spec, fsdp):
+    best = None
+    for dim, size in enumerate(shape):
+        if spec[dim] is not None or size % fsdp:
+            continue
+        if names and names[dim] in NEVER_SHARDED:
+            continue
+        if best is None or size > shape[best]:
+            best = dim
+    return best
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Hybrid(_Base):
+    """Composes data, FSDP and tensor parallelism over a 1-D to 3-D mesh.
+
+    Args:
+        data: data-parallel degree (mesh axis "data").
+        fsdp: FSDP degree (mesh axis "fsdp").
+        tensor: tensor-parallel degree (mesh axis "tensor").
+        zero: 3 (params, grads and optimizer state split over "fsdp") or 1 (only optimizer
+            state split).
+        tensor_rules: for models without logical names, ((path regex, dim or None), ...),
+            first match wins; dim is the dimension split over "tensor".
+
+    One degree may be -1 to take the remaining devices.
+
+    Raises:
+        ValueError: on a degree < 1 other than -1, two -1 degrees, or zero not in {1, 3}.
+
+    Example:
+        >>> s = Hybrid(fsdp=-1, tensor=2)
+        >>> s.mesh_axes(8)
+        {'fsdp': 4, 'tensor': 2}
+
+    See also: `DataParallel`, `FSDP`, `TensorParallel`, `Auto`.
+    """
+
+    data: int = 1
+    fsdp: int = 1
+    tensor: int = 1
+    zero: int = 3
+    tensor_rules: tuple[tuple[str, int | None], ...] | None = None
+
+    def __post_init__(self):
+        _check_zero(self.zero)
+        _check_degrees({"data": self.data, "fsdp": self.fsdp, "tensor": self.tensor})
+
+    def degrees(self, n_devices: int) -> dict[str, int]:
+        return _resolve(n_devices, {"data": self.data, "fsdp": self.fsdp, "tensor": self.tensor})
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DataParallel(_Base):
+    """Data parallelism: batch split over "data", parameters and optimizer state replicated.
+
+    Expected collectives: one gradient all-reduce (no parameter all-gather).
+
+    Example:
+        >>> DataParallel().mesh_axes(8)
+        {'data': 8}
+    """
+
+    data: int = -1
+
+    def __post_init__(self):
+        _check_degrees({"data": self.data})
+
+    def degrees(self, n_devices: int) -> dict[str, int]:
+        return _resolve(n_devices, {"data": self.data})
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class FSDP(_Base):
+    """Fully sharded data parallelism over mesh axis "fsdp" (ZeRO-3 or ZeRO-1).
+
+    Each leaf is split along its largest dimension divisible by the axis size (the stacked
+    "layers" axis excluded); leaves with no such dimension stay replicated.
+
+    Args:
+        fsdp: degree (-1: all devices).
+        zero: 3 splits parameters, gradients and optimizer state (parameters all-gathered for
+            compute, gradients reduce-scattered); 1 splits only the optimizer state.
+
+    Example:
+        >>> FSDP(zero=1).mesh_axes(8)
+        {'fsdp': 8}
+    """
+
+    fsdp: int = -1
+    zero: int = 3
+
+    def __post_init__(self):
+        _check_zero(self.zero)
+        _check_degrees({"fsdp": self.fsdp})
+
+    def degrees(self, n_devices: int) -> dict[str, int]:
+        return _resolve(n_devices, {"fsdp": self.fsdp})
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TensorParallel(_Base):
+    """Megatron tensor parallelism over mesh axis "tensor"; the batch is not split.
+
+    Dims named "mlp", "heads" or "vocab" are split: q/k/v and the MLP up-projection are
+    column-parallel, the attention output and MLP down-projection row-parallel (one
+    all-reduce each), the embedding and output head vocab-parallel.
+
+    Args:
+        tensor: degree (-1: all devices).
+        tensor_rules: name patterns for models without logical names (see `Hybrid`).
+
+    Example:
+        >>> TensorParallel().mesh_axes(4)
+        {'tensor': 4}
+    """
+
+    tensor: int = -1
+    tensor_rules: tuple[tuple[str, int | None], ...] | None = None
+
+    def __post_init__(self):
+        _check_degrees({"tensor": self.tensor})
+
+    def degrees(self, n_devices: int) -> dict[str, int]:
+        return _resolve(n_devices, {"tensor": self.tensor})
+
+
+def _check_zero(zero):
+    if zero not in (1, 3):
+        raise ValueError(
+            f"zero={zero!r} is not a supported ZeRO stage; fix: zero=3 (split params, grads "
+            "and optimizer state) or zero=1 (split only optimizer state)."
+        )

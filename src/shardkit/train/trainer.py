@@ -1,0 +1,318 @@
+"""`Trainer`: sharded init, a jitted, donated training step, and batch placement.
+
+The state is a `TrainState(step, params, opt_state)` of plain pytrees (params as a pure dict
+for Flax NNX models), so orbax saves it and any mesh can restore it.
+
+Layouts come from a strategy: parameters and optimizer state get the strategy's specs, the
+batch its batch spec. Inside the step, parameters are cast to the compute dtype, then laid out
+for compute (FSDP's "fsdp" axis removed: an all-gather whose transpose reduce-scatters the
+gradients), and gradients are constrained back to the optimizer-state layout before the
+optimizer update. On Explicit meshes these layout changes are `jax.sharding.reshard`, on Auto
+meshes `with_sharding_constraint`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+from jax.sharding import AxisType, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from shardkit.models.common import logical_axes
+from shardkit.strategies import Auto
+
+
+class TrainState(NamedTuple):
+    """Training state: step counter, parameters and optimizer state (all sharded arrays)."""
+
+    step: jax.Array
+    params: Any
+    opt_state: Any
+
+
+class BatchSizeError(ValueError):
+    """A batch that the data-splitting mesh axes (or micro-batches) do not divide."""
+
+
+_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+
+
+class Trainer:
+    """Trains a model with a parallelism strategy on a device mesh.
+
+    Args:
+        model_fn: `key -> model`; returns an `nnx.Module` (parameters are its `nnx.Param`s,
+            logical axis names read from their metadata) or a plain parameter pytree.
+        optimizer: an optax `GradientTransformation` (schedules welcome).
+        loss_fn: `(model, batch) -> loss` or `(loss, metrics dict)`; for plain pytrees `model`
+            is the parameter pytree.
+        strategy: a strategy from `shardkit.strategies` (default `Auto()`).
+        mesh: a mesh with the strategy's axis names; default `strategy.make_mesh(devices)`.
+        devices: devices for the default mesh (default all).
+        axis_types: "auto" or "explicit" for the default mesh.
+        grad_accum: micro-batches per step; gradients are averaged over them.
+        compute_dtype: "float32" or "bfloat16" (mixed precision: float32 master weights and
+            optimizer state, bfloat16 forward and backward).
+        batch_size: global batch size, used by `Auto` to pick divisible degrees.
+
+    Raises:
+        ValueError: for non-Param state in an NNX model, grad_accum < 1 or an unknown dtype.
+
+    Example:
+        >>> import optax
+        >>> from flax import nnx
+        >>> from shardkit.models import MLP, classification_loss
+        >>> from shardkit.strategies import DataParallel
+        >>> trainer = Trainer(lambda k: MLP((16, 32, 4), rngs=nnx.Rngs(k)), optax.adam(1e-3),
+        ...                   classification_loss, strategy=DataParallel())
+        >>> state = trainer.init(0)
+        >>> batch = trainer.place_batch({"x": np.ones((8, 16), "f4"), "y": np.zeros(8, "i4")})
+        >>> state, metrics = trainer.step(state, batch)
+
+    See also: `shardkit.train.checkpoint`, `shardkit.strategies`.
+    """
+
+    def __init__(
+        self,
+        model_fn: Callable[[jax.Array], Any],
+        optimizer: optax.GradientTransformation,
+        loss_fn: Callable[..., Any],
+        *,
+        strategy: Any = None,
+        mesh: jax.sharding.Mesh | None = None,
+        devices: Any = None,
+        axis_types: str = "auto",
+        grad_accum: int = 1,
+        compute_dtype: str = "float32",
+        batch_size: int | None = None,
+    ):
+        if not isinstance(grad_accum, int) or grad_accum < 1:
+            raise ValueError(f"grad_accum={grad_accum!r} must be an int >= 1; fix: grad_accum=1.")
+        if compute_dtype not in _DTYPES:
+            raise ValueError(
+                f"compute_dtype={compute_dtype!r} is not one of {sorted(_DTYPES)}; "
+                "fix: compute_dtype='bfloat16' for mixed precision."
+            )
+        self.model_fn, self.optimizer, self.loss_fn = model_fn, optimizer, loss_fn
+        self.grad_accum, self.compute_dtype = grad_accum, compute_dtype
+        self._graphdef, self.abstract_params, self.logical = _abstract_model(model_fn)
+        self.strategy_reason = ""
+        strategy = Auto() if strategy is None else strategy
+        if isinstance(strategy, Auto):
+            n = mesh.size if mesh is not None else len(devices or jax.devices())
+            strategy, self.strategy_reason = strategy.choose(
+                self.abstract_params, n_devices=n, logical=self.logical, batch=batch_size
+            )
+        self.strategy = strategy
+        self.mesh = mesh if mesh is not None else strategy.make_mesh(devices, axis_types=axis_types)
+        self.explicit = any(t == AxisType.Explicit for t in self.mesh.axis_types)
+        self.param_specs = strategy.param_specs(
+            self.abstract_params, self.mesh, logical=self.logical
+        )
+        self._opt_param_specs = strategy.opt_state_specs(
+            self.abstract_params, self.mesh, logical=self.logical
+        )
+        self.compute_specs = jax.tree.map(
+            strategy.compute_spec, self.param_specs, is_leaf=lambda x: isinstance(x, P)
+        )
+        abstract_opt = jax.eval_shape(optimizer.init, self.abstract_params)
+        self.opt_specs = optax.tree_map_params(
+            optimizer,
+            lambda _, spec: spec,
+            abstract_opt,
+            self._opt_param_specs,
+            transform_non_params=lambda _: P(),
+            is_leaf=lambda x: isinstance(x, P),
+        )
+        specs = TrainState(P(), self.param_specs, self.opt_specs)
+        self.state_shardings = self._named(specs)
+        self.abstract_state = jax.tree.map(
+            lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+            TrainState(jax.ShapeDtypeStruct((), jnp.int32), self.abstract_params, abstract_opt),
+            self.state_shardings,
+        )
+        self._compiled: dict = {}
+        self._init = None
+
+    # -- layouts --------------------------------------------------------------------------
+    def _named(self, specs):
+        return jax.tree.map(
+            lambda s: NamedSharding(self.mesh, s), specs, is_leaf=lambda x: isinstance(x, P)
+        )
+
+    def batch_sharding(self, batch: Mapping[str, Any]) -> dict:
+        """NamedShardings for a batch dict (leading dim split; micro-batch dim first if any)."""
+        out = {}
+        for key, value in batch.items():
+            spec = self.strategy.batch_spec(self.mesh, np.ndim(value))
+            if self.grad_accum > 1:
+                spec = P(None, *spec)
+            out[key] = NamedSharding(self.mesh, spec)
+        return out
+
+    def batch_divisor(self) -> int:
+        """The number every global batch size must be a multiple of."""
+        split = 1
+        for axis in self.strategy.batch_axes(self.mesh):
+            split *= self.mesh.shape[axis]
+        return split * self.grad_accum
+
+    def place_batch(self, batch: Mapping[str, Any]) -> dict:
+        """Places a host batch (dict of NumPy arrays, batch dim first) on the mesh.
+
+        Uses `jax.make_array_from_process_local_data`, so each process passes only its rows
+        when running multi-process. With `grad_accum > 1` the batch is reshaped to
+        (grad_accum, batch // grad_accum, ...) first.
+
+        Raises:
+            BatchSizeError: if the batch is not divisible by the batch-splitting mesh axes
+                times grad_accum.
+        """
+        sizes = {np.shape(v)[0] for v in batch.values()}
+        if len(sizes) != 1:
+            raise BatchSizeError(f"batch arrays have different leading sizes {sorted(sizes)}.")
+        size = sizes.pop()
+        div = self.batch_divisor()
+        if size % div:
+            axes = {a: self.mesh.shape[a] for a in self.strategy.batch_axes(self.mesh)}
+            raise BatchSizeError(
+                f"batch size {size} is not divisible by {div} (mesh axes {axes} that split the "
+                f"batch x grad_accum={self.grad_accum}); fix: use a batch size that is a "
+                f"multiple of {div}, e.g. {max(div, size // div * div)}."
+            )
+        if self.grad_accum > 1:
+            batch = {
+                k: np.reshape(v, (self.grad_accum, size // self.grad_accum) + np.shape(v)[1:])
+                for k, v in batch.items()
+            }
+        shardings = self.batch_sharding(batch)
+        return {
+            k: jax.make_array_from_process_local_data(shardings[k], np.asarray(v))
+            for k, v in batch.items()
+        }
+
+    # -- init -----------------------------------------------------------------------------
+    def _init_fn(self, key):
+        params = _params_of(self.model_fn(key))
+        return TrainState(jnp.zeros((), jnp.int32), params, self.optimizer.init(params))
+
+    def compiled_init(self):
+        """The compiled initializer (born sharded via `out_shardings`); see `memory_analysis`."""
+        if self._init is None:
+            key = jax.ShapeDtypeStruct((), jax.random.key(0).dtype)
+            jitted = jax.jit(self._init_fn, out_shardings=self.state_shardings)
+            self._init = jitted.lower(key).compile()
+        return self._init
+
+    def init(self, seed: int | jax.Array = 0) -> TrainState:
+        """Initializes parameters and optimizer state directly in their sharded layout.
+
+        The same seed gives the same values on every mesh (partitionable threefry).
+        """
+        key = jax.random.key(seed) if isinstance(seed, int) else seed
+        return self.compiled_init()(key)
+
+    # -- step -----------------------------------------------------------------------------
+    def _constrain(self, tree, specs):
+        if self.explicit:
+            return jax.tree.map(
+                lambda x, s: jax.sharding.reshard(x, NamedSharding(self.mesh, s)),
+                tree,
+                specs,
+                is_leaf=lambda x: isinstance(x, P),
+            )
+        return jax.lax.with_sharding_constraint(tree, self._named(specs))
+
+    def _loss(self, params, batch):
+        dtype = _DTYPES[self.compute_dtype]
+        params = jax.tree.map(lambda p: p.astype(dtype) if p.dtype == jnp.float32 else p, params)
+        params = self._constrain(params, self.compute_specs)  # FSDP all-gather
+        model = nnx.merge(self._graphdef, params) if self._graphdef is not None else params
+        out = self.loss_fn(model, batch)
+        loss, metrics = out if isinstance(out, tuple) else (out, {})
+        return loss.astype(jnp.float32), dict(metrics)
+
+    def _step_fn(self, state: TrainState, batch):
+        grad_fn = jax.value_and_grad(self._loss, has_aux=True)
+        if self.grad_accum == 1:
+            (loss, metrics), grads = grad_fn(state.params, batch)
+        else:
+
+            def micro(carry, mb):
+                (loss, metrics), grads = grad_fn(state.params, mb)
+                acc = jax.tree.map(jnp.add, carry, (loss, metrics, grads))
+                return acc, None
+
+            zeros = jax.tree.map(
+                lambda x: jnp.zeros(x.shape, jnp.float32),
+                jax.eval_shape(grad_fn, state.params, jax.tree.map(lambda x: x[0], batch)),
+            )
+            (loss, metrics), grads = zeros
+            zeros = (loss, metrics, self._constrain(grads, self._opt_param_specs))
+            (loss, metrics, grads), _ = jax.lax.scan(micro, zeros, batch)
+            scale = 1.0 / self.grad_accum
+            loss, metrics, grads = jax.tree.map(lambda x: x * scale, (loss, metrics, grads))
+        grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, state.params)
+        grads = self._constrain(grads, self._opt_param_specs)
+        updates, opt_state = self.optimizer.update(grads, state.opt_state, state.params)
+        params = optax.apply_updates(state.params, updates)
+        params = self._constrain(params, self.param_specs)
+        return TrainState(state.step + 1, params, opt_state), {"loss": loss, **metrics}
+
+    def compile_step(self, batch: Mapping[str, Any]):
+        """Compiles (once per batch shape) and returns the step for batches like `batch`."""
+        key = tuple(sorted((k, tuple(np.shape(v)), str(v.dtype)) for k, v in batch.items()))
+        if key not in self._compiled:
+            shardings = {k: v.sharding for k, v in batch.items()}
+            replicated = NamedSharding(self.mesh, P())
+            jitted = jax.jit(
+                self._step_fn,
+                in_shardings=(self.state_shardings, shardings),
+                out_shardings=(self.state_shardings, replicated),
+                donate_argnums=(0,),
+            )
+            abstract_batch = {
+                k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=v.sharding)
+                for k, v in batch.items()
+            }
+            self._compiled[key] = jitted.lower(self.abstract_state, abstract_batch).compile()
+        return self._compiled[key]
+
+    def step(self, state: TrainState, batch: Mapping[str, Any]):
+        """Runs one training step; `state` is donated. Returns (new_state, metrics)."""
+        return self.compile_step(batch)(state, dict(batch))
+
+
+def _params_of(model):
+    if isinstance(model, nnx.Module):
+        _, params, rest = nnx.split(model, nnx.Param, ...)
+        if jax.tree.leaves(rest):
+            raise ValueError(
+                "the model holds non-Param state "
+                f"({', '.join(sorted({type(v).__name__ for v in jax.tree.leaves(rest)}))}), "
+                "which Trainer does not carry; fix: keep only nnx.Param variables (no "
+                "BatchNorm statistics or stored Rngs) or pass a plain parameter pytree."
+            )
+        return nnx.to_pure_dict(params)
+    return model
+
+
+def _abstract_model(model_fn):
+    found: dict = {}
+
+    def build(key):
+        model = model_fn(key)
+        if isinstance(model, nnx.Module):
+            graphdef, _, _ = nnx.split(model, nnx.Param, ...)
+            found["graphdef"] = graphdef
+            found["logical"] = logical_axes(model)
+        return _params_of(model)
+
+    params = jax.eval_shape(build, jax.random.key(0))
+    return found.get("graphdef"), params, found.get("logical")
