@@ -1,0 +1,90 @@
+"""``matmul``: one entry point for every sharded matmul algorithm."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from shardkit.matmul._layout import Layout, Method, layout_of, normalize_spec
+from shardkit.matmul.cases import run_recipe
+from shardkit.matmul.collective import build_collective
+from shardkit.matmul.cost import fit
+from shardkit.matmul.summa import build_summa
+
+__all__ = ["kernel", "matmul"]
+
+
+@functools.lru_cache(maxsize=256)
+def kernel(L: Layout, method: Method, dtype: jnp.dtype):
+    """The jitted ``(A, B) -> C`` for a fitted method; cached so repeated calls reuse it."""
+    if method.algorithm == "collective":
+        return build_collective(L, method, dtype)
+    if method.algorithm == "summa":
+        return build_summa(L, method, dtype)
+    return run_recipe(L, method, dtype)
+
+
+def matmul(
+    a: jax.Array,
+    b: jax.Array,
+    *,
+    algorithm: str = "auto",
+    out_spec: object = None,
+    bidirectional: bool = False,
+) -> jax.Array:
+    """Multiplies sharded matrices C = A @ B with a chosen distributed algorithm.
+
+    The mesh and layouts are read from the operands' NamedShardings (one mesh axis or None per
+    dim); Auto and Explicit mesh axes both work.
+
+    Args:
+        a: A[M, K] with a NamedSharding.
+        b: B[K, N] on the same mesh (an operand without a NamedSharding counts as replicated).
+        algorithm: ``"auto"`` (fewest bytes moved, then lowest peak memory; see
+            :func:`explain`), ``"gspmd"`` (``jnp.matmul`` under jit, the compiler communicates),
+            ``"allgather"`` (gather what blocks a local product: scaling-book cases 1, 2, 4),
+            ``"reduce_scatter"`` (local K-block products, then reduce-scatter or all-reduce:
+            case 3), ``"collective"`` (all-gather-matmul / matmul-reduce-scatter as a
+            ``ppermute`` ring), ``"summa"`` (2-D mesh, panel broadcasts).
+        out_spec: PartitionSpec wanted for C. None takes the algorithm's own output:
+            allgather: A's M and B's N mesh axes after gathering; reduce_scatter: the
+            contracting mesh axis scattered over M when M is free, else over N, else all-reduced;
+            collective: fixed by the ring form; summa: ``P(R, C)``; gspmd: ``P(A's M, B's N)``.
+        bidirectional: for ``"collective"``: halves travel both ways round the ring.
+
+    Returns:
+        C[M, N] with ``NamedSharding(mesh, out_spec)``, in the operands' result dtype.
+
+    Raises:
+        MatmulLayoutError: inner dims differ, an operand is not 2-D, specs name unknown mesh
+            axes or do not divide the shapes, or the algorithm does not fit the layout (SUMMA
+            on a 1-D mesh, reduce_scatter with K unsharded, ...). Each message ends with a fix.
+        ValueError: unknown ``algorithm``.
+
+    Example:
+        >>> mesh = jax.make_mesh((8,), ("x",))
+        >>> A = jax.device_put(jnp.ones((64, 32)), NamedSharding(mesh, P("x", None)))
+        >>> B = jax.device_put(jnp.ones((32, 64)), NamedSharding(mesh, P(None, "x")))
+        >>> C = shardkit.matmul(A, B, algorithm="collective")
+        >>> C.sharding.spec, float(C[0, 0])
+        (PartitionSpec(None, 'x'), 32.0)
+
+    See also: :func:`shardkit.matmul.explain`, :func:`shardkit.matmul.chain`.
+    """
+    L = layout_of(a, b)
+    out = None if out_spec is None else normalize_spec(out_spec, name="out_spec", mesh=L.mesh)
+    method = fit(L, algorithm, out, bidirectional=bidirectional)
+    dtype = jnp.result_type(a.dtype, b.dtype)
+    return kernel(L, method, jnp.dtype(dtype))(a, b)
+
+
+def compiled_text(a: jax.Array, b: jax.Array, **kwargs) -> str:
+    """Compiled HLO text of ``matmul(a, b, **kwargs)``, to audit its collectives."""
+    L = layout_of(a, b)
+    out = kwargs.pop("out_spec", None)
+    out = None if out is None else normalize_spec(out, name="out_spec", mesh=L.mesh)
+    method = fit(L, kwargs.pop("algorithm", "auto"), out, **kwargs)
+    dtype = jnp.dtype(jnp.result_type(a.dtype, b.dtype))
+    return kernel(L, method, dtype).lower(a, b).compile().as_text()

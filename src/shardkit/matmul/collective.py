@@ -1,0 +1,342 @@
+"""Collective matmul: all-gather-matmul and matmul-reduce-scatter as ``ppermute`` rings.
+
+Instead of gathering a whole operand and then multiplying, each device multiplies the block it
+holds while the next block travels to it around a ring over mesh axis X of size P; after P-1
+steps every block has passed. Each step's transfer is independent of that step's product, so
+the compiler may overlap them. The steps are a loop, so no device ever holds more than the block
+in use and the block in flight (two halves each way when bidirectional).
+
+Three forms, picked from the layout (scaling-book notation):
+
+- ``A[M_X, K] @ B[K, N_X]`` (case 4): blocks of A (or B) travel; C is ``[M, N_X]``
+  (or ``[M_X, N]``).
+- ``A[M, K_X] @ B[K, N]`` or ``A[M, K] @ B[K_X, N]`` (case 2): the K-sharded operand travels;
+  each device accumulates its C block.
+- ``A[M, K_X] @ B[K_X, N]`` (case 3), C scattered over X: partial sums travel and each device
+  adds its own contribution to the block passing by (matmul-reduce-scatter).
+
+``bidirectional=True`` splits every block in halves that travel in opposite directions
+(2(P-1) collective-permutes of half the bytes, so each link direction carries half).
+
+Example:
+    >>> C = matmul(A, B, algorithm="collective")        # A P('x', None), B P(None, 'x')
+    >>> C.sharding.spec
+    PartitionSpec(None, 'x')
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from shardkit.matmul._layout import (
+    Collective,
+    Layout,
+    MatmulLayoutError,
+    Method,
+    Spec,
+    fmt_layout,
+    fmt_spec,
+)
+
+__all__ = ["build_collective", "fit_collective"]
+
+
+def _no_fit(L: Layout, why: str, fix: str) -> MatmulLayoutError:
+    a = fmt_layout("A", L.a_spec, ("M", "K"))
+    b = fmt_layout("B", L.b_spec, ("K", "N"))
+    return MatmulLayoutError(f"algorithm='collective' does not fit {a} @ {b}: {why}. Fix: {fix}")
+
+
+def fit_collective(L: Layout, out: Spec | None, *, bidirectional: bool = False) -> Method:
+    """Picks the ring form for a layout and predicts its collective-permutes and memory.
+
+    Raises:
+        MatmulLayoutError: the layout needs no communication, or mixes mesh axes in a way no
+            ring form covers, or ``out`` differs from the form's output, or a travelling block
+            cannot be halved for ``bidirectional=True``.
+    """
+    (am, ak), (bk, bn) = L.a_spec, L.b_spec
+    if ak is not None and bk is not None and ak != bk:
+        raise _no_fit(
+            L,
+            f"K is sharded over two mesh axes ({ak!r}, {bk!r})",
+            "shard K of A and B over the same mesh axis, or use algorithm='allgather'",
+        )
+    x = ak if ak is not None else bk
+    if x is None:
+        if am is None or am != bn:
+            raise _no_fit(
+                L,
+                "no dim needs communication (case 1, local product)",
+                "use algorithm='allgather', which multiplies locally here",
+            )
+        x = am
+        form = "ag_a_rows" if (out is None or out == (None, x)) else "ag_b_cols"
+    else:
+        if x in (am, bn):
+            raise _no_fit(
+                L, f"mesh axis {x!r} shards K and also M or N", "use algorithm='allgather'"
+            )
+        if am is not None and am == bn:
+            raise _no_fit(
+                L, f"mesh axis {am!r} shards both M and N besides K", "use algorithm='allgather'"
+            )
+        scatter = ak is not None and bk is not None
+        if out is not None and x in out:
+            scatter = True
+        if scatter:
+            form = "rs_rows" if (out == (x, bn) or (out is None and am is None)) else "rs_cols"
+        else:
+            form = "ag_a_k" if ak is not None else "ag_b_k"
+    p = L.size(x)
+    if form == "ag_a_rows":
+        nat, panel, travel_dim, extent = (None, x), L.a_bytes, ("A", 0), L.m // p
+    elif form == "ag_b_cols":
+        nat, panel, travel_dim, extent = (x, None), L.b_bytes, ("B", 1), L.n // p
+    elif form == "ag_a_k":
+        nat, panel, travel_dim, extent = (am, bn), L.a_bytes, ("A", 1), L.k // p
+    elif form == "ag_b_k":
+        nat, panel, travel_dim, extent = (am, bn), L.b_bytes, ("B", 0), L.k // p
+    elif form == "rs_rows":
+        if am is not None:
+            raise _no_fit(
+                L,
+                f"C rows are already sharded over {am!r}",
+                f"out_spec=P(None, {x!r}) or algorithm='reduce_scatter'",
+            )
+        nat, travel_dim, extent = (x, bn), ("C", 0), L.m // p
+        panel = L.c_bytes(nat)
+    else:
+        if bn is not None:
+            raise _no_fit(
+                L,
+                f"C columns are already sharded over {bn!r}",
+                f"out_spec=P({x!r}, None) or algorithm='reduce_scatter'",
+            )
+        nat, travel_dim, extent = (am, x), ("C", 1), L.n // p
+        panel = L.c_bytes(nat)
+    if out is not None and out != nat:
+        raise _no_fit(
+            L,
+            f"its ring gives C as {fmt_spec(nat)}, not out_spec={fmt_spec(out)}",
+            f"out_spec={fmt_spec(nat)}, or algorithm='allgather' for other outputs",
+        )
+    if bidirectional and extent % 2:
+        raise _no_fit(
+            L,
+            f"bidirectional=True halves each travelling block, but its dim has "
+            f"{extent} rows/cols (odd)",
+            "bidirectional=False, or an even block size",
+        )
+    n_perm = (p - 1) * (2 if bidirectional else 1)
+    coll = (Collective("collective-permute", x, n_perm, panel * (p - 1)),) if p > 1 else ()
+    a_used = (am, x if form.startswith("rs") and ak is None else ak)
+    b_used = (x if form.startswith("rs") and bk is None else bk, bn)
+    if form.startswith("ag"):
+        a_used = (None if form == "ag_a_rows" else am, None if form == "ag_a_k" else ak)
+        b_used = (None if form == "ag_b_k" else bk, None if form == "ag_b_cols" else bn)
+    # Live per device: own blocks, output, the block in use and the block in flight, plus the
+    # local product before it is written; a K-form also slices the stationary operand, keeps a
+    # loop copy of its first block, and (bidirectional) a second product.
+    peak = L.a_bytes + L.b_bytes + L.c_bytes(nat) + 2 * panel
+    isz = L.itemsize
+    if form in ("ag_a_rows", "ag_b_cols"):
+        peak += (L.m // p) * (L.n // p) * isz
+    elif form == "ag_a_k":
+        peak += panel + (L.k // p) * (L.n // L.size(bn)) * isz
+        peak += L.c_bytes(nat) * (2 if bidirectional else 1)
+    elif form == "ag_b_k":
+        peak += panel + (L.m // L.size(am)) * (L.k // p) * isz
+        peak += L.c_bytes(nat) * (2 if bidirectional else 1)
+    ring = "bidirectional" if bidirectional else "unidirectional"
+    what = {
+        "ag_a_rows": "all-gather-matmul: A row blocks travel",
+        "ag_b_cols": "all-gather-matmul: B column blocks travel",
+        "ag_a_k": "all-gather-matmul: A K-blocks travel",
+        "ag_b_k": "all-gather-matmul: B K-blocks travel",
+        "rs_rows": "matmul-reduce-scatter: partial row blocks of C travel",
+        "rs_cols": "matmul-reduce-scatter: partial column blocks of C travel",
+    }[form]
+    return Method(
+        "collective",
+        nat,
+        coll,
+        peak,
+        L.flops(a_used, b_used),
+        f"{what}, {ring} ring of {p - 1} steps over {x!r}",
+        (form, x, bool(bidirectional), travel_dim[1]),
+    )
+
+
+def _dot(a: jax.Array, b: jax.Array, dtype) -> jax.Array:
+    return jnp.dot(a, b, precision=lax.Precision.HIGHEST, preferred_element_type=dtype)
+
+
+def _ring_gather(x, axis: str, p: int, dim: int, consume, acc, bidirectional: bool):
+    """Passes blocks of ``x`` (split on ``dim``) around the ring; ``consume(acc, piece, start)``
+    receives each piece with its start offset in the full (gathered) dim.
+
+    The P-1 steps are a ``fori_loop``: one loop body holds the collective-permute(s), so the
+    compiler keeps one block in flight and one in use, and cannot hoist all transfers (or all
+    products) to the front, which would hold every block at once.
+    """
+    idx = lax.axis_index(axis)
+    size = x.shape[dim]
+    fwd = [(i, (i + 1) % p) for i in range(p)]
+    bwd = [(i, (i - 1) % p) for i in range(p)]
+    if not bidirectional:
+
+        def step(s, carry):
+            acc, cur = carry  # cur is block idx - (s - 1)
+            nxt = lax.ppermute(cur, axis, fwd)  # in flight during the product below
+            return consume(acc, cur, ((idx - s + 1) % p) * size), nxt
+
+        acc, cur = lax.fori_loop(1, p, step, (acc, x))
+        return consume(acc, cur, ((idx - p + 1) % p) * size)
+    half = size // 2
+
+    def step2(s, carry):
+        acc, cur_f, cur_b = carry  # first half of block idx - (s-1), second half of idx + (s-1)
+        nxt_f = lax.ppermute(cur_f, axis, fwd)
+        nxt_b = lax.ppermute(cur_b, axis, bwd)
+        acc = consume(acc, cur_f, ((idx - s + 1) % p) * size)
+        acc = consume(acc, cur_b, ((idx + s - 1) % p) * size + half)
+        return acc, nxt_f, nxt_b
+
+    cur_f = lax.slice_in_dim(x, 0, half, axis=dim)
+    cur_b = lax.slice_in_dim(x, half, size, axis=dim)
+    acc, cur_f, cur_b = lax.fori_loop(1, p, step2, (acc, cur_f, cur_b))
+    acc = consume(acc, cur_f, ((idx - p + 1) % p) * size)
+    return consume(acc, cur_b, ((idx + p - 1) % p) * size + half)
+
+
+def _ring_reduce_scatter(contrib, axis: str, p: int, size: int, bidirectional: bool):
+    """``contrib(start, length)`` is this device's partial C slice; returns the own block.
+
+    At step s device i adds its part of block i-s-1 to the partial sum arriving from i-1, so
+    after P-1 steps it holds the full sum of block i. The steps are a ``fori_loop`` (see
+    :func:`_ring_gather`).
+    """
+    idx = lax.axis_index(axis)
+    fwd = [(i, (i + 1) % p) for i in range(p)]
+    bwd = [(i, (i - 1) % p) for i in range(p)]
+    if not bidirectional:
+
+        def step(s, acc):
+            part = contrib(((idx - s - 1) % p) * size, size)  # independent of the transfer
+            return lax.ppermute(acc, axis, fwd) + part
+
+        return lax.fori_loop(1, p, step, contrib(((idx - 1) % p) * size, size))
+    half = size // 2
+
+    def step2(s, carry):
+        acc_f, acc_b = carry
+        part_f = contrib(((idx - s - 1) % p) * size, half)
+        part_b = contrib(((idx + s + 1) % p) * size + half, half)
+        return lax.ppermute(acc_f, axis, fwd) + part_f, lax.ppermute(acc_b, axis, bwd) + part_b
+
+    init = (contrib(((idx - 1) % p) * size, half), contrib(((idx + 1) % p) * size + half, half))
+    return lax.fori_loop(1, p, step2, init)
+
+
+def build_collective(
+    L: Layout, method: Method, dtype
+) -> Callable[[jax.Array, jax.Array], jax.Array]:
+    """The jitted ``(A, B) -> C`` running the ring chosen by :func:`fit_collective`."""
+    form, x, bidi, _ = method.recipe
+    p = L.size(x)
+    out = method.out_spec
+
+    def body(a, b):  # local blocks
+        a, b = a.astype(dtype), b.astype(dtype)
+        if form == "ag_a_rows":  # a (M/p, K), b (K, N/p) -> (M, N/p)
+            c = jnp.zeros((L.m, b.shape[1]), dtype)
+            return _ring_gather(
+                a,
+                x,
+                p,
+                0,
+                lambda c, piece, start: lax.dynamic_update_slice_in_dim(
+                    c, _dot(piece, b, dtype), start, axis=0
+                ),
+                c,
+                bidi,
+            )
+        if form == "ag_b_cols":  # a (M/p, K), b (K, N/p) -> (M/p, N)
+            c = jnp.zeros((a.shape[0], L.n), dtype)
+            return _ring_gather(
+                b,
+                x,
+                p,
+                1,
+                lambda c, piece, start: lax.dynamic_update_slice_in_dim(
+                    c, _dot(a, piece, dtype), start, axis=1
+                ),
+                c,
+                bidi,
+            )
+        if form == "ag_a_k":  # a (M', K/p), b (K, N') -> (M', N')
+            c = jnp.zeros((a.shape[0], b.shape[1]), dtype)
+            return _ring_gather(
+                a,
+                x,
+                p,
+                1,
+                lambda c, piece, start: (
+                    c
+                    + _dot(piece, lax.dynamic_slice_in_dim(b, start, piece.shape[1], axis=0), dtype)
+                ),
+                c,
+                bidi,
+            )
+        if form == "ag_b_k":  # a (M', K), b (K/p, N') -> (M', N')
+            c = jnp.zeros((a.shape[0], b.shape[1]), dtype)
+            return _ring_gather(
+                b,
+                x,
+                p,
+                0,
+                lambda c, piece, start: (
+                    c
+                    + _dot(lax.dynamic_slice_in_dim(a, start, piece.shape[0], axis=1), piece, dtype)
+                ),
+                c,
+                bidi,
+            )
+        # matmul-reduce-scatter: make both operands hold the same K block first.
+        kb = L.k // p
+        if a.shape[1] != kb:  # A not sharded on K: take its K block locally
+            a = lax.dynamic_slice_in_dim(a, lax.axis_index(x) * kb, kb, axis=1)
+        if b.shape[0] != kb:
+            b = lax.dynamic_slice_in_dim(b, lax.axis_index(x) * kb, kb, axis=0)
+        if form == "rs_rows":  # partial (M, N') -> own rows (M/p, N')
+            size = L.m // p
+
+            def contrib(start, length):
+                return _dot(lax.dynamic_slice_in_dim(a, start, length, axis=0), b, dtype)
+
+            dim = 0
+        else:  # partial (M', N) -> own cols (M', N/p)
+            size = L.n // p
+
+            def contrib(start, length):
+                return _dot(a, lax.dynamic_slice_in_dim(b, start, length, axis=1), dtype)
+
+            dim = 1
+        res = _ring_reduce_scatter(contrib, x, p, size, bidi)
+        return jnp.concatenate(res, axis=dim) if bidi else res
+
+    f = jax.shard_map(
+        body,
+        mesh=L.mesh,
+        in_specs=(P(*L.a_spec), P(*L.b_spec)),
+        out_specs=P(*out),
+        check_vma=False,
+    )
+    return jax.jit(f, out_shardings=NamedSharding(L.mesh, P(*out)))
