@@ -509,9 +509,11 @@ def _mesh_groups(spec: str) -> list[list[int]] | None:
         key = list(coords)
         sel = []
         for ax, pre, size in refs:
-            part = (coords[ax] // pre) % size
+            # sub-axis 'a':(pre)size: pre is the product of the sub-axes major to it
+            stride = sizes[ax] // (pre * size)
+            part = (coords[ax] // stride) % size
             sel.append(part)
-            key[ax] -= part * pre
+            key[ax] -= part * stride
         groups.setdefault(tuple(key), []).append((tuple(sel), ids[pos]))
     return [[d for _, d in sorted(g)] for g in groups.values()]
 
@@ -580,8 +582,8 @@ def execution_counts(module: HloModule) -> dict[str, int | None]:
     calls: dict[str, list[tuple[str, str, Instruction]]] = collections.defaultdict(list)
     for comp, instrs in module.computations.items():
         for ins in instrs:
-            if "=" not in ins.attrs:
-                continue
+            if "=" not in ins.attrs or ins.opcode.endswith(("-done", "-update")):
+                continue  # the -done/-update half of an async op names the same callee
             for role, callee in _CALLEE_RE.findall(ins.attrs):
                 calls[callee].append((comp, role, ins))
             b = _BRANCHES_RE.search(ins.attrs)
