@@ -639,12 +639,13 @@ _STDLIB = _stdlib()
 
 
 def is_library_frame(frame: SourceFrame) -> bool:
-    """True for frames inside JAX, other installed packages, shardkit's inspection, or stdlib."""
+    """True for frames inside JAX, installed packages, the stdlib, or shardkit's audit and CLI."""
     f = frame.file.replace("\\", "/")
     return (
         any(m in f for m in _LIB_MARKERS)
         or f.startswith(_STDLIB)
         or "/shardkit/inspection/" in f
+        or f.endswith("/shardkit/cli.py")
         or f.startswith("<frozen")
     )
 
