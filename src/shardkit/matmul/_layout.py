@@ -228,9 +228,19 @@ def layout_of(
     return Layout(mesh, a.shape[0], a.shape[1], b.shape[1], dtype.itemsize, sa, sb)
 
 
+def pspec(spec: Sequence[str | None]) -> P:
+    """The PartitionSpec of a layout tuple, one entry per dim: ``('x', None)`` -> P('x', None).
+
+    JAX itself returns either form (``P('x',)`` or ``P('x', None)``) for the same layout, and
+    NamedShardings with the two forms compare unequal: compare layouts with
+    ``sharding.is_equivalent_to(other, ndim)``.
+    """
+    return P(*spec)
+
+
 def constrain(x: jax.Array, mesh: Mesh, spec: Sequence[str | None]) -> jax.Array:
     """Sharding constraint inside jit that works on Auto and Explicit meshes."""
-    sharding = NamedSharding(mesh, P(*spec))
+    sharding = NamedSharding(mesh, pspec(spec))
     if all(t == AxisType.Explicit for t in mesh.axis_types):
         return jax.sharding.reshard(x, sharding)
     return jax.lax.with_sharding_constraint(x, sharding)

@@ -27,7 +27,6 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.sharding import AxisType, NamedSharding
-from jax.sharding import PartitionSpec as P
 
 from shardkit.matmul._layout import (
     Collective,
@@ -37,6 +36,7 @@ from shardkit.matmul._layout import (
     Spec,
     fmt_layout,
     fmt_spec,
+    pspec,
     ring_bytes,
 )
 
@@ -258,7 +258,7 @@ def run_recipe(L: Layout, method: Method, dtype) -> Callable[[jax.Array, jax.Arr
     """Builds the jitted function ``(A, B) -> C`` that runs ``method`` on layout ``L``."""
     mesh, out = L.mesh, method.out_spec
     if method.recipe == (("gspmd",),):
-        out_sharding = NamedSharding(mesh, P(*out))
+        out_sharding = NamedSharding(mesh, pspec(out))
         explicit = all(t == AxisType.Explicit for t in mesh.axis_types)
 
         def gspmd(a, b):
@@ -294,8 +294,8 @@ def run_recipe(L: Layout, method: Method, dtype) -> Callable[[jax.Array, jax.Arr
     f = jax.shard_map(
         body,
         mesh=mesh,
-        in_specs=(P(*L.a_spec), P(*L.b_spec)),
-        out_specs=P(*out),
+        in_specs=(pspec(L.a_spec), pspec(L.b_spec)),
+        out_specs=pspec(out),
         check_vma=False,
     )
-    return jax.jit(f, out_shardings=NamedSharding(mesh, P(*out)))
+    return jax.jit(f, out_shardings=NamedSharding(mesh, pspec(out)))

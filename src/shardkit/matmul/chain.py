@@ -41,6 +41,7 @@ from shardkit.matmul._layout import (
     fmt_spec,
     layout_of,
     normalize_spec,
+    pspec,
 )
 from shardkit.matmul.cost import choose
 
@@ -132,9 +133,11 @@ class ChainPlan:
                 vals[(s.left, s.right)] = kernel(s.layout, s.method, dtype)(a, b)
             return vals[self.tree]
 
-        shardings = tuple(NamedSharding(self.mesh, P(*s)) for s in self.in_specs)
+        shardings = tuple(NamedSharding(self.mesh, pspec(s)) for s in self.in_specs)
         return jax.jit(
-            run, in_shardings=shardings, out_shardings=NamedSharding(self.mesh, P(*self.out_spec))
+            run,
+            in_shardings=shardings,
+            out_shardings=NamedSharding(self.mesh, pspec(self.out_spec)),
         )
 
     def __call__(self, *arrays: jax.Array) -> jax.Array:
@@ -258,7 +261,7 @@ def gspmd_chain(arrays: Sequence[jax.Array | jax.ShapeDtypeStruct], *, out_spec:
     mesh0 = arrays[0].sharding.mesh
     names = mesh0.axis_names
     mesh = Mesh(mesh0.devices, names, axis_types=(AxisType.Auto,) * len(names))
-    out = P() if out_spec is None else P(*out_spec)
+    out = P() if out_spec is None else pspec(out_spec)
     args = [
         jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=NamedSharding(mesh, a.sharding.spec))
         for a in arrays

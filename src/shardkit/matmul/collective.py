@@ -32,7 +32,6 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.sharding import NamedSharding
-from jax.sharding import PartitionSpec as P
 
 from shardkit.matmul._layout import (
     Collective,
@@ -42,6 +41,7 @@ from shardkit.matmul._layout import (
     Spec,
     fmt_layout,
     fmt_spec,
+    pspec,
 )
 
 __all__ = ["build_collective", "fit_collective"]
@@ -335,8 +335,8 @@ def build_collective(
     f = jax.shard_map(
         body,
         mesh=L.mesh,
-        in_specs=(P(*L.a_spec), P(*L.b_spec)),
-        out_specs=P(*out),
+        in_specs=(pspec(L.a_spec), pspec(L.b_spec)),
+        out_specs=pspec(out),
         check_vma=False,
     )
-    return jax.jit(f, out_shardings=NamedSharding(L.mesh, P(*out)))
+    return jax.jit(f, out_shardings=NamedSharding(L.mesh, pspec(out)))

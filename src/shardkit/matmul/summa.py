@@ -27,7 +27,6 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.sharding import NamedSharding
-from jax.sharding import PartitionSpec as P
 
 from shardkit.matmul._layout import (
     Collective,
@@ -38,6 +37,7 @@ from shardkit.matmul._layout import (
     fmt_layout,
     fmt_spec,
     lcm,
+    pspec,
     ring_bytes,
 )
 
@@ -127,8 +127,8 @@ def build_summa(L: Layout, method: Method, dtype) -> Callable[[jax.Array, jax.Ar
     f = jax.shard_map(
         body,
         mesh=L.mesh,
-        in_specs=(P(r, c), P(r, c)),
-        out_specs=P(r, c),
+        in_specs=(pspec((r, c)), pspec((r, c))),
+        out_specs=pspec((r, c)),
         check_vma=False,
     )
-    return jax.jit(f, out_shardings=NamedSharding(L.mesh, P(r, c)))
+    return jax.jit(f, out_shardings=NamedSharding(L.mesh, pspec((r, c))))
