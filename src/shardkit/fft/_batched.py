@@ -1,0 +1,126 @@
+# ruff: noqa: F722  (jaxtyping shape strings are not Python expressions)
+"""FFTs along unsharded dims of a sharded array, with zero collectives.
+
+`jnp.fft.fftn` over the unsharded dims of a batch-sharded array all-gathers the whole array on
+today's XLA (jax issues 13081 and 15680, openxla/xla issue 24). Running the same transform
+inside `jax.shard_map` with the array's own spec keeps every shard where it is.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
+from jaxtyping import Array, Complex, Num
+
+from shardkit.fft import _layout as L
+
+
+@functools.partial(jax.jit, static_argnames=("mesh", "entries", "axes", "inverse", "norm"))
+def _local(x, *, mesh, entries, axes, inverse, norm):
+    fn = jnp.fft.ifftn if inverse else jnp.fft.fftn
+    spec = P(*entries)
+    body = lambda blk: fn(blk, axes=axes, norm=norm)  # noqa: E731
+    return jax.shard_map(body, mesh=mesh, in_specs=spec, out_specs=spec)(x)
+
+
+def _run(x, axes, norm, spec, mesh, inverse, fname):
+    L.check_choice("norm", norm, L.NORMS, fname)
+    L.complex_dtype(x.dtype, fname, allow_real=not inverse)
+    ndim = len(x.shape)
+    axes = tuple(range(ndim)) if axes is None else tuple(axes)
+    for ax in axes:
+        if not -ndim <= ax < ndim:
+            raise ValueError(
+                f"{fname}: axes={axes} names dim {ax}, but x has rank {ndim} (shape "
+                f"{tuple(x.shape)}). Fix: pass dims between {-ndim} and {ndim - 1}."
+            )
+    axes = tuple(sorted({ax % ndim for ax in axes}))
+    mesh, entries = L.resolve(x, spec, mesh, fname)
+    mesh_shape = dict(mesh.shape)
+    for ax in axes:
+        if L.entry_size(entries[ax], mesh_shape) > 1:
+            raise ValueError(
+                f"{fname}: dim {ax} (size {x.shape[ax]}) is sharded over mesh axis "
+                f"{entries[ax]!r} (spec {P(*entries)}), but this transform only runs along "
+                f"unsharded dims. Fix: use pfft2d/pfft3d for a transform over a sharded dim, "
+                f"or drop dim {ax} from axes=."
+            )
+    return _local(x, mesh=mesh, entries=entries, axes=axes, inverse=inverse, norm=norm)
+
+
+def batched_fftn(
+    x: Num[Array, "*shape"],
+    *,
+    axes: Sequence[int] | None = None,
+    norm: str | None = "backward",
+    spec: P | None = None,
+    mesh: Any = None,
+) -> Complex[Array, "*shape"]:
+    """`jnp.fft.fftn` along unsharded dims of a sharded array, with zero collectives.
+
+    Typical use: a batch of images `x[B_data, H, W]` transformed over `(H, W)`. The output has
+    the input's sharding.
+
+    Args:
+        x: real or complex array sharded over some dims.
+        axes: dims to transform (all dims by default); none of them may be sharded.
+        norm: `"backward"` (default), `"ortho"` or `"forward"`, as in `numpy.fft`.
+        spec: the PartitionSpec of `x`, needed only inside `jit` on Auto mesh axes.
+        mesh: the mesh of `x` when it cannot be read from `x` or from `jax.set_mesh`.
+
+    Returns:
+        The complex transform, sharded like `x`.
+
+    Raises:
+        ValueError: a transformed dim is sharded; a dim out of range; a bad `norm`; `x` not
+            sharded.
+        TypeError: a non-floating dtype.
+
+    Example:
+        >>> mesh = jax.make_mesh((8,), ("data",))
+        >>> x = jax.device_put(jnp.ones((8, 16, 16)), NamedSharding(mesh, P("data")))
+        >>> shardkit.fft.batched_fftn(x, axes=(1, 2)).sharding.spec
+        PartitionSpec('data',)
+
+    See also:
+        `batched_ifftn`, `pfft2d`, `pfft3d`.
+    """
+    return _run(x, axes, norm, spec, mesh, False, "batched_fftn")
+
+
+def batched_ifftn(
+    y: Complex[Array, "*shape"],
+    *,
+    axes: Sequence[int] | None = None,
+    norm: str | None = "backward",
+    spec: P | None = None,
+    mesh: Any = None,
+) -> Complex[Array, "*shape"]:
+    """`jnp.fft.ifftn` along unsharded dims of a sharded array, with zero collectives.
+
+    Args:
+        y: complex array sharded over some dims.
+        axes: dims to transform (all dims by default); none of them may be sharded.
+        norm: `"backward"` (default), `"ortho"` or `"forward"`, as in `numpy.fft`.
+        spec: the PartitionSpec of `y`, needed only inside `jit` on Auto mesh axes.
+        mesh: the mesh of `y` when it cannot be read from `y` or from `jax.set_mesh`.
+
+    Returns:
+        The complex inverse transform, sharded like `y`.
+
+    Raises:
+        ValueError: as `batched_fftn`.
+        TypeError: a real `y`.
+
+    Example:
+        >>> x2 = shardkit.fft.batched_ifftn(shardkit.fft.batched_fftn(x, axes=(1, 2)), axes=(1, 2))
+
+    See also:
+        `batched_fftn`.
+    """
+    return _run(y, axes, norm, spec, mesh, True, "batched_ifftn")

@@ -1,0 +1,240 @@
+"""Reading, validating and describing the layouts of distributed FFT inputs and outputs.
+
+Every transform in `shardkit.fft` works on the trailing `k` dims of an array (`k` = 2 or 3, the
+"FFT dims"); leading dims are batch dims that keep their sharding. Layouts are written in the
+scaling-book notation: `x[X_a, Y_b, Z]` is an array whose dim X is sharded over mesh axis `a`,
+Y over `b`, and Z whole on every device.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+Layout = Literal["natural", "transposed"]
+LAYOUTS = ("natural", "transposed")
+NORMS = (None, "backward", "ortho", "forward")
+
+Entry = Any  # a PartitionSpec entry: None, a mesh axis name, or a tuple of mesh axis names
+
+
+class SpectralLayout(NamedTuple):
+    """Where a spectrum lives: its global shape, its PartitionSpec and its axis order.
+
+    Attributes:
+        shape: global shape of the spectrum.
+        spec: PartitionSpec of the spectrum, one entry per dim.
+        axes: for each dim of the spectrum, the dim of the input it holds the frequencies of
+            (batch dims map to themselves). `(0, 1, 2)` for the natural layout of a 3-D
+            transform, `(1, 2, 0)` for the transposed one.
+    """
+
+    shape: tuple[int, ...]
+    spec: P
+    axes: tuple[int, ...]
+
+
+def check_choice(name: str, value: Any, choices: tuple, fname: str) -> None:
+    """Raises ValueError when `value` is not one of `choices`."""
+    if value not in choices:
+        raise ValueError(
+            f"{fname}: {name}={value!r} is not supported; use one of "
+            + ", ".join(repr(c) for c in choices)
+            + "."
+        )
+
+
+def entry_names(entry: Entry) -> tuple[str, ...]:
+    """The mesh axis names of one PartitionSpec entry."""
+    if entry is None:
+        return ()
+    if isinstance(entry, tuple):
+        return entry
+    return (entry,)
+
+
+def entry_size(entry: Entry, mesh_shape: dict[str, int]) -> int:
+    """How many shards a PartitionSpec entry makes of its dim."""
+    return math.prod(mesh_shape[n] for n in entry_names(entry))
+
+
+def _is_tracer(x: Any) -> bool:
+    return isinstance(x, jax.core.Tracer)
+
+
+def _mesh_of(x: Any) -> Any:
+    """The mesh (concrete or abstract) an array or abstract value is laid out on, or None."""
+    sharding = getattr(x, "sharding", None)
+    if isinstance(sharding, NamedSharding):
+        return sharding.mesh
+    if _is_tracer(x):
+        mesh = jax.typeof(x).sharding.mesh
+        if mesh.axis_names:
+            return mesh
+    return None
+
+
+def _spec_of(x: Any) -> P | None:
+    """The PartitionSpec an array is known to have, or None when it cannot be read."""
+    sharding = getattr(x, "sharding", None)
+    if isinstance(sharding, NamedSharding):
+        return sharding.spec
+    if _is_tracer(x):
+        aval_sharding = jax.typeof(x).sharding
+        if any(e is not None for e in aval_sharding.spec):
+            return aval_sharding.spec
+    return None
+
+
+def normalize(spec: P, ndim: int) -> tuple[Entry, ...]:
+    """A PartitionSpec as a tuple of `ndim` entries, one-name tuples unwrapped."""
+    entries = tuple(spec) + (None,) * (ndim - len(spec))
+    out = []
+    for e in entries:
+        if isinstance(e, tuple | list):
+            e = tuple(e)
+            e = e[0] if len(e) == 1 else (e or None)
+        out.append(e)
+    return tuple(out)
+
+
+def resolve(x: Any, spec: P | None, mesh: Any, fname: str) -> tuple[Any, tuple[Entry, ...]]:
+    """Finds the mesh and the PartitionSpec of `x`, or raises an error that says how to pass them.
+
+    The sharding is read from `x` (a concrete `jax.Array`, a `jax.ShapeDtypeStruct` with a
+    sharding, or a traced value on Explicit mesh axes). On Auto mesh axes inside `jit` the
+    sharding of a traced value is unknown, so `spec=` must be given.
+    """
+    ndim = len(x.shape)
+    known = _spec_of(x)
+    if mesh is None:
+        mesh = _mesh_of(x)
+    if mesh is None:
+        context = jax.sharding.get_abstract_mesh()
+        mesh = context if context.axis_names else None
+    if spec is None:
+        spec = known
+    elif known is not None and normalize(known, ndim) != normalize(spec, ndim):
+        raise ValueError(
+            f"{fname}: x is sharded {P(*normalize(known, ndim))} but spec={spec}; the transform "
+            f"never reshards its input. Fix: drop spec=, or reshard first with "
+            f"jax.sharding.reshard(x, {spec})."
+        )
+    if spec is None or mesh is None:
+        where = "a traced value on Auto mesh axes" if _is_tracer(x) else "an unsharded array"
+        raise ValueError(
+            f"{fname}: x (shape {tuple(x.shape)}) is {where}, so its layout is unknown; the "
+            f"transform needs x sharded over a mesh. Fix: "
+            f"x = jax.device_put(x, NamedSharding(mesh, P('x', 'y'))), or inside jit on Auto "
+            f"axes pass spec=P('x', 'y') and mesh=mesh (or use jax.set_mesh(mesh))."
+        )
+    if len(spec) > ndim:
+        raise ValueError(
+            f"{fname}: spec {spec} has {len(spec)} entries but x has rank {ndim} "
+            f"(shape {tuple(x.shape)}). Fix: one PartitionSpec entry per dim at most."
+        )
+    return mesh, normalize(spec, ndim)
+
+
+def check_rank(x: Any, k: int, fname: str) -> None:
+    """Raises ValueError unless `x` has the `k` FFT dims (plus optional batch dims)."""
+    if len(x.shape) < k:
+        raise ValueError(
+            f"{fname}: x has rank {len(x.shape)} (shape {tuple(x.shape)}) but a {k}-D transform "
+            f"needs at least {k} dims (leading extra dims are batch dims). Fix: reshape x to "
+            f"{k} trailing FFT dims, e.g. x.reshape((1,) * {k - len(x.shape)} + x.shape)."
+        )
+
+
+def check_fft_entries(
+    entries: tuple[Entry, ...], mesh: Any, k: int, fname: str, *, last_whole: bool = True
+) -> None:
+    """Validates the PartitionSpec entries of the FFT dims and the use of the mesh.
+
+    Each FFT dim must be sharded over at most one mesh axis, the last FFT dim must be whole
+    (when `last_whole`), and every mesh axis of size > 1 must shard some dim: an axis left
+    unused would make its devices redo the same transform.
+    """
+    mesh_shape = dict(mesh.shape)
+    nb = len(entries) - k
+    for i, e in enumerate(entries[nb:]):
+        if isinstance(e, tuple):
+            raise ValueError(
+                f"{fname}: FFT dim {nb + i} is sharded over several mesh axes {e}; each FFT dim "
+                f"takes at most one mesh axis. Fix: shard the FFT dims over one mesh axis each, "
+                f"e.g. P({', '.join(repr(n) for n in e)}) on two dims, or merge the axes in the "
+                f"mesh."
+            )
+    if last_whole and entries[-1] is not None and entry_size(entries[-1], mesh_shape) > 1:
+        spec_fix = P(*entries[:-1], None)
+        raise ValueError(
+            f"{fname}: the last FFT dim (dim {len(entries) - 1}) is sharded over mesh axis "
+            f"{entries[-1]!r} of size {mesh_shape[entries[-1]]}; it must be whole on every "
+            f"device. Fix: shard the leading FFT dims instead, e.g. "
+            f"jax.sharding.reshard(x, {spec_fix}) with the freed mesh axis on dim {nb}."
+        )
+    used = {n for e in entries for n in entry_names(e)}
+    unused = [n for n, s in mesh_shape.items() if s > 1 and n not in used]
+    if unused:
+        if not any(entry_size(e, mesh_shape) > 1 for e in entries):
+            raise ValueError(
+                f"{fname}: x (shape {_shape_str(entries)}) is not sharded over mesh "
+                f"{mesh_shape}; a distributed transform needs it sharded. Fix: "
+                f"x = jax.device_put(x, NamedSharding(mesh, P(...))) sharding dim {nb} (and "
+                f"dim {nb + 1} for a pencil transform); for a replicated array use jnp.fft."
+            )
+        raise ValueError(
+            f"{fname}: mesh {mesh_shape} has axes {unused} that shard no dim of x (spec "
+            f"{P(*entries)}), so their devices would redo the same transform. The transform "
+            f"decomposes over at most {k - 1} mesh axes plus mesh axes on batch dims. Fix: use a "
+            f"mesh without those axes, shard a batch dim over them, or shard FFT dim {nb} over "
+            f"them too."
+        )
+
+
+def _shape_str(entries: tuple[Entry, ...]) -> str:
+    return f"with spec {P(*entries)}"
+
+
+def check_divisible(
+    shape: tuple[int, ...], dim: int, entry: Entry, mesh: Any, fname: str, why: str
+) -> None:
+    """Raises ValueError when `shape[dim]` does not divide into the shards of `entry`."""
+    mesh_shape = dict(mesh.shape)
+    n = entry_size(entry, mesh_shape)
+    if n <= 1 or shape[dim] % n == 0:
+        return
+    axes = " x ".join(f"{a!r} (size {mesh_shape[a]})" for a in entry_names(entry))
+    lo = (shape[dim] // n) * n
+    near = [s for s in (lo, lo + n) if s > 0]
+    raise ValueError(
+        f"{fname}: dim {dim} of x has size {shape[dim]} (shape {tuple(shape)}), which does not "
+        f"divide into {n} shards over mesh axis {axes}; {why}. A Fourier transform cannot be "
+        f"padded without changing its result. Fix: use a size along dim {dim} that is a "
+        f"multiple of {n} (e.g. {' or '.join(map(str, near))}), or a mesh whose axis divides "
+        f"{shape[dim]}."
+    )
+
+
+def complex_dtype(dtype: Any, fname: str, *, allow_real: bool) -> Any:
+    """The complex dtype a transform computes in, or a TypeError with a fix."""
+    dtype = jnp.dtype(dtype)
+    if jnp.issubdtype(dtype, jnp.complexfloating):
+        return dtype
+    if allow_real and jnp.issubdtype(dtype, jnp.floating):
+        return jnp.complex128 if dtype == jnp.float64 else jnp.complex64
+    if allow_real:
+        raise TypeError(
+            f"{fname}: x has dtype {dtype}; expected a floating or complex dtype. "
+            f"Fix: x.astype(jnp.float32) or x.astype(jnp.complex64)."
+        )
+    raise TypeError(
+        f"{fname}: x has dtype {dtype} but the inverse transform expects a complex spectrum "
+        f"(complex64 or complex128). Fix: pass the complex output of the forward transform; "
+        f"for a half spectrum of a real field use pirfft3d on the output of prfft3d."
+    )

@@ -1,0 +1,296 @@
+# ruff: noqa: F722  (jaxtyping shape strings are not Python expressions)
+"""Real-to-complex pencil and slab transforms: `prfft3d` and `pirfft3d`.
+
+The half-spectrum dim (Z // 2 + 1 frequencies) is odd for most sizes and JAX arrays cannot be
+unevenly sharded (`NamedSharding` refuses a dim that does not divide into its shards), so a
+half spectrum sharded over a mesh axis would need visible padding. Instead the half-spectrum dim
+stays whole on every device and the other two FFT dims carry the sharding. With the input
+`x[X_a, Y_b, Z]` and both mesh axes of size > 1:
+
+    real FFT over Z    (local)                              [X_a, Y_b, KZ]
+    all-to-all over b  (split X, gather Y)             ->   [X_ab, Y, KZ]     FFT over Y
+    all-to-all over (a, b) (split Y, gather X)         ->   [X, Y_ab, KZ]     FFT over X
+
+Two all-to-alls, no padding, any Z (odd Z included); X and Y must divide by a * b. A slab
+(`x[X_a, Y, Z]` or `x[X, Y_b, Z]`) does a local 2-D real FFT and one all-to-all. The transposed
+layout rolls the FFT dims as for the complex transforms: `[KY_ab, KZ, KX]`.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
+from jaxtyping import Array, Complex, Float
+
+from shardkit.fft import _layout as L
+from shardkit.fft._complex import roll
+
+
+def _kind(a, b, mesh_shape) -> str:
+    """Which decomposition a real transform of `x[X_a, Y_b, Z]` uses."""
+    act_a = L.entry_size(a, mesh_shape) > 1
+    act_b = L.entry_size(b, mesh_shape) > 1
+    return "pencil" if act_a and act_b else ("slab_x" if act_a else "slab_y")
+
+
+def natural_entries(a, b, kind: str) -> tuple:
+    """PartitionSpec entries of the FFT dims of the natural-layout half spectrum."""
+    if kind == "pencil":
+        return (None, (a, b), None)
+    if kind == "slab_x":
+        return (None, a, b)
+    return (b, a, None)
+
+
+@functools.partial(
+    jax.jit, static_argnames=("mesh", "batch", "ab", "inverse", "layout", "norm", "n", "dtype")
+)
+def _r2c(x, *, mesh, batch, ab, inverse, layout, norm, n, dtype):
+    a, b = ab
+    nb = len(batch)
+    kind = _kind(a, b, dict(mesh.shape))
+    in_spec = P(*batch, a, b, None)
+    nat = batch + natural_entries(a, b, kind)
+    out_spec = P(*nat) if layout == "natural" else P(*roll(nat, 3, 1))
+    X, Y, Z = nb, nb + 1, nb + 2  # local dim indices of the FFT dims
+
+    def forward(blk):
+        if kind == "pencil":
+            blk = jnp.fft.rfft(blk, axis=Z, norm=norm)  # [X_a, Y_b, KZ]
+            blk = jax.lax.all_to_all(blk, b, X, Y, tiled=True)  # [X_ab, Y, KZ]
+            blk = jnp.fft.fft(blk, axis=Y, norm=norm)
+            blk = jax.lax.all_to_all(blk, (a, b), Y, X, tiled=True)  # [X, Y_ab, KZ]
+            blk = jnp.fft.fft(blk, axis=X, norm=norm)
+        elif kind == "slab_x":
+            blk = jnp.fft.rfftn(blk, axes=(Y, Z), norm=norm)  # [X_a, KY, KZ]
+            blk = jax.lax.all_to_all(blk, a, Y, X, tiled=True)  # [X, Y_a, KZ]
+            blk = jnp.fft.fft(blk, axis=X, norm=norm)
+        else:
+            blk = jnp.fft.rfftn(blk, axes=(X, Z), norm=norm)  # [KX, Y_b, KZ]
+            blk = jax.lax.all_to_all(blk, b, X, Y, tiled=True)  # [X_b, Y, KZ]
+            blk = jnp.fft.fft(blk, axis=Y, norm=norm)
+        if layout == "transposed":
+            blk = jnp.moveaxis(blk, X, -1)
+        return blk
+
+    def inverse_(blk):
+        if layout == "transposed":
+            blk = jnp.moveaxis(blk, -1, X)
+        if kind == "pencil":
+            blk = jnp.fft.ifft(blk, axis=X, norm=norm)
+            blk = jax.lax.all_to_all(blk, (a, b), X, Y, tiled=True)  # [X_ab, Y, KZ]
+            blk = jnp.fft.ifft(blk, axis=Y, norm=norm)
+            blk = jax.lax.all_to_all(blk, b, Y, X, tiled=True)  # [X_a, Y_b, KZ]
+            return jnp.fft.irfft(blk, n=n, axis=Z, norm=norm)
+        if kind == "slab_x":
+            blk = jnp.fft.ifft(blk, axis=X, norm=norm)
+            blk = jax.lax.all_to_all(blk, a, X, Y, tiled=True)  # [X_a, KY, KZ]
+            return jnp.fft.irfftn(blk, s=(blk.shape[Y], n), axes=(Y, Z), norm=norm)
+        blk = jnp.fft.ifft(blk, axis=Y, norm=norm)
+        blk = jax.lax.all_to_all(blk, b, Y, X, tiled=True)  # [KX, Y_b, KZ]
+        return jnp.fft.irfftn(blk, s=(blk.shape[X], n), axes=(X, Z), norm=norm)
+
+    if inverse:
+        return jax.shard_map(inverse_, mesh=mesh, in_specs=out_spec, out_specs=in_spec)(
+            x.astype(dtype)
+        )
+    return jax.shard_map(forward, mesh=mesh, in_specs=in_spec, out_specs=out_spec)(x.astype(dtype))
+
+
+def _check_sizes(shape: tuple, batch: tuple, a, b, mesh, fname: str) -> None:
+    nb = len(batch)
+    for d, e in enumerate(batch + (a, b, None)):
+        L.check_divisible(shape, d, e, mesh, fname, "it is sharded over that mesh axis")
+    kind = _kind(a, b, dict(mesh.shape))
+    why = "the real transform splits it in an all-to-all"
+    if kind == "pencil":
+        L.check_divisible(shape, nb, (a, b), mesh, fname, why)
+        L.check_divisible(shape, nb + 1, (a, b), mesh, fname, why)
+    elif kind == "slab_x":
+        L.check_divisible(shape, nb + 1, a, mesh, fname, why)
+    else:
+        L.check_divisible(shape, nb, b, mesh, fname, why)
+
+
+def _real_dtype(dtype, fname: str):
+    dtype = jnp.dtype(dtype)
+    if not jnp.issubdtype(dtype, jnp.floating):
+        raise TypeError(
+            f"{fname}: x has dtype {dtype} but a real-to-complex transform needs a real floating "
+            f"input (float32 or float64). Fix: use pfft3d for complex input, or "
+            f"x.astype(jnp.float32)."
+        )
+    return jnp.float64 if dtype == jnp.float64 else jnp.float32
+
+
+def layout_of(shape: tuple, entries: tuple, mesh, layout: str) -> L.SpectralLayout:
+    """Where the half spectrum of an input of `shape` sharded `entries` lives."""
+    nb = len(shape) - 3
+    a, b = entries[nb], entries[nb + 1]
+    nat = entries[:nb] + natural_entries(a, b, _kind(a, b, dict(mesh.shape)))
+    kshape = tuple(shape[:-1]) + (shape[-1] // 2 + 1,)
+    axes = tuple(range(len(shape)))
+    if layout == "natural":
+        return L.SpectralLayout(kshape, P(*nat), axes)
+    return L.SpectralLayout(roll(kshape, 3, 1), P(*roll(nat, 3, 1)), roll(axes, 3, 1))
+
+
+def prfft3d(
+    x: Float[Array, "*batch x y z"],
+    *,
+    norm: str | None = "backward",
+    layout: L.Layout = "natural",
+    spec: P | None = None,
+    mesh: Any = None,
+) -> Complex[Array, "*batch kx ky kz"]:
+    """Distributed real-to-complex 3-D FFT (`numpy.fft.rfftn`), never gathering, never padding.
+
+    The input `x[..., X_a, Y_b, Z]` is real and sharded as for `pfft3d`. The half-spectrum dim
+    (Z // 2 + 1 frequencies, for any Z, odd included) stays whole on every device so no padding
+    is ever needed or seen:
+
+    - pencil (two mesh axes of size > 1): natural `y[KX, KY_ab, KZ]` (spec
+      `P(None, ('a', 'b'), None)`); two all-to-alls, the second over both mesh axes. X and Y
+      must divide by a * b.
+    - slab over X (`x[X_a, Y, Z]`): natural `y[KX, KY_a, KZ]`, one all-to-all.
+    - slab over Y (`x[X, Y_b, Z]`): natural `y[KX_b, KY, KZ]`, one all-to-all.
+
+    `"transposed"` rolls the FFT dims left (`jnp.moveaxis(natural, -3, -1)`), e.g.
+    `y[KY_ab, KZ, KX]`. `spectral_layout(x, real=True)` returns shape and spec without computing.
+
+    Args:
+        x: float32 or float64 array of rank >= 3 (leading dims are batch dims).
+        norm: `"backward"` (default), `"ortho"` or `"forward"`, as in `numpy.fft`.
+        layout: `"natural"` or `"transposed"`.
+        spec: the PartitionSpec of `x`, needed only inside `jit` on Auto mesh axes.
+        mesh: the mesh of `x` when it cannot be read from `x` or from `jax.set_mesh`.
+
+    Returns:
+        The half spectrum, complex64 (float32 input) or complex128 (float64 input).
+
+    Raises:
+        ValueError: as `pfft3d`.
+        TypeError: a complex or integer `x`.
+
+    Example:
+        >>> mesh = jax.make_mesh((2, 4), ("x", "y"))
+        >>> x = jax.device_put(jnp.ones((16, 16, 15)), NamedSharding(mesh, P("x", "y")))
+        >>> y = shardkit.fft.prfft3d(x)
+        >>> y.shape, y.sharding.spec
+        ((16, 16, 8), PartitionSpec(None, ('x', 'y'), None))
+
+    See also:
+        `pirfft3d`, `pfft3d`, `fftfreq3d` (with `real=True`).
+    """
+    fname = "prfft3d"
+    L.check_choice("norm", norm, L.NORMS, fname)
+    L.check_choice("layout", layout, L.LAYOUTS, fname)
+    L.check_rank(x, 3, fname)
+    rdtype = _real_dtype(x.dtype, fname)
+    mesh, entries = L.resolve(x, spec, mesh, fname)
+    L.check_fft_entries(entries, mesh, 3, fname)
+    batch, a, b = entries[:-3], entries[-3], entries[-2]
+    _check_sizes(tuple(x.shape), batch, a, b, mesh, fname)
+    return _r2c(
+        x,
+        mesh=mesh,
+        batch=batch,
+        ab=(a, b),
+        inverse=False,
+        layout=layout,
+        norm=norm,
+        n=None,
+        dtype=rdtype,
+    )
+
+
+def _original_ab(kent: tuple, mesh_shape: dict, fname: str) -> tuple:
+    """The input mesh axes (a, b) of a half spectrum whose natural FFT-dim entries are `kent`."""
+    s0, s1, s2 = kent
+    active = lambda e: L.entry_size(e, mesh_shape) > 1  # noqa: E731
+    pair = isinstance(s1, tuple) and len(s1) == 2 and s0 is None and s2 is None
+    if pair and all(active(n) for n in s1):
+        return s1
+    if s0 is None and not isinstance(s1, tuple) and active(s1) and not active(s2):
+        return s1, s2
+    if not isinstance(s0, tuple) and active(s0) and s2 is None and not active(s1):
+        return s1, s0
+    raise ValueError(
+        f"{fname}: the half spectrum's FFT dims are sharded {P(*kent)} (natural order), which "
+        f"is not a layout prfft3d produces: P(None, ('a', 'b'), None), P(None, 'a', None) or "
+        f"P('b', None, None) (rolled left for layout='transposed'). Fix: pass the output of "
+        f"prfft3d with the same layout= it was made with."
+    )
+
+
+def pirfft3d(
+    y: Complex[Array, "*batch kx ky kz"],
+    *,
+    n: int | None = None,
+    norm: str | None = "backward",
+    layout: L.Layout = "natural",
+    spec: P | None = None,
+    mesh: Any = None,
+) -> Float[Array, "*batch x y z"]:
+    """Inverse of `prfft3d` (`numpy.fft.irfftn`): returns the real field in its input layout.
+
+    Args:
+        y: half spectrum in the layout `prfft3d` produced.
+        n: length of the last dim of the real output; default `2 * (KZ - 1)` as in numpy (pass
+            it for odd sizes).
+        norm: `"backward"` (default), `"ortho"` or `"forward"`, as in `numpy.fft`.
+        layout: the layout `y` is in; must be the one passed to `prfft3d`.
+        spec: the PartitionSpec of `y`, needed only inside `jit` on Auto mesh axes.
+        mesh: the mesh of `y` when it cannot be read from `y` or from `jax.set_mesh`.
+
+    Returns:
+        The real field `x[..., X_a, Y_b, Z]`, float32 (complex64 input) or float64.
+
+    Raises:
+        ValueError: a sharding that `prfft3d` does not produce, an `n` that does not match the
+            half-spectrum size, and the errors of `prfft3d`.
+        TypeError: a real `y`.
+
+    Example:
+        >>> x2 = shardkit.fft.pirfft3d(shardkit.fft.prfft3d(x), n=x.shape[-1])
+
+    See also:
+        `prfft3d`, `pifft3d`.
+    """
+    fname = "pirfft3d"
+    L.check_choice("norm", norm, L.NORMS, fname)
+    L.check_choice("layout", layout, L.LAYOUTS, fname)
+    L.check_rank(y, 3, fname)
+    cdtype = L.complex_dtype(y.dtype, fname, allow_real=False)
+    mesh, entries = L.resolve(y, spec, mesh, fname)
+    kshape = tuple(y.shape)
+    if layout == "transposed":
+        entries, kshape = roll(entries, 3, -1), roll(kshape, 3, -1)
+    kz = kshape[-1]
+    if n is None:
+        n = 2 * (kz - 1)
+    if n < 1 or n // 2 + 1 != kz:
+        raise ValueError(
+            f"{fname}: n={n} does not match the half spectrum: its last frequency dim has "
+            f"{kz} entries, which fits n = {2 * (kz - 1)} or {2 * kz - 1}. Fix: pass n= the "
+            f"length of the last dim of the original real field."
+        )
+    batch = entries[:-3]
+    a, b = _original_ab(entries[-3:], dict(mesh.shape), fname)
+    L.check_fft_entries(batch + (a, b, None), mesh, 3, fname)
+    _check_sizes(kshape[:-1] + (n,), batch, a, b, mesh, fname)
+    return _r2c(
+        y,
+        mesh=mesh,
+        batch=batch,
+        ab=(a, b),
+        inverse=True,
+        layout=layout,
+        norm=norm,
+        n=n,
+        dtype=cdtype,
+    )
