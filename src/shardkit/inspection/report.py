@@ -111,8 +111,11 @@ class Collective:
     def describe(self) -> str:
         """One line: kind, shape, axes, bytes, count and source."""
         count = "unknown" if self.count is None else str(self.count)
+        shapes = _join_shapes(self.shapes)
+        if self.result_shapes and self.result_shapes != self.shapes:
+            shapes += " -> " + _join_shapes(self.result_shapes)
         return (
-            f"{self.kind} {', '.join(self.shapes)} over {self.axes_label} (n={self.group_size}): "
+            f"{self.kind} {shapes} over {self.axes_label} (n={self.group_size}): "
             f"{_fmt_bytes(self.bytes_moved)} per device x {count} at {self.where}"
         )
 
@@ -289,6 +292,13 @@ class Report:
 # helpers
 
 
+def _join_shapes(shapes: tuple[str, ...]) -> str:
+    """`f32[8,8]`, or `8 x f32[8,1,8]` for a tuple of equal shapes, else comma-joined."""
+    if len(shapes) > 1 and len(set(shapes)) == 1:
+        return f"{len(shapes)} x {shapes[0]}"
+    return ", ".join(shapes)
+
+
 def _num(x: float) -> float | int:
     return int(x) if float(x).is_integer() else x
 
@@ -329,7 +339,7 @@ _HEADER = ("#", "kind", "shape", "mesh axes", "n", "bytes/exec", "count", "total
 def _rows(report: Report) -> list[tuple[str, ...]]:
     rows = []
     for i, c in enumerate(report.collectives):
-        shape = ", ".join(c.shapes)
+        shape = _join_shapes(c.shapes)
         if c.upcast_from:
             shape += f" (from {c.upcast_from})"
         rows.append(
