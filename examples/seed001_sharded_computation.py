@@ -82,9 +82,9 @@ sharded = {}
 for kind, mesh in meshes.items():
     sharding = NamedSharding(mesh, P("x", "y"))
     sharded[kind] = jax.device_put(arr, sharding)
+    print(f"[{kind}] {sharding}")
     # Under Explicit axes the sharding is part of the array's type: float32[4@x,8@y].
     print(f"[{kind}] jax.typeof(arr_sharded) = {jax.typeof(sharded[kind])}")
-print(meshes["explicit"].axis_types, NamedSharding(meshes["explicit"], P("x", "y")).spec)
 print(sharded["explicit"])
 sk.show(sharded["explicit"], name="arr_sharded", format="text")
 
@@ -180,6 +180,8 @@ for kind, mesh in mesh1d.items():
     # Explicit axes: shard_map checks that the input already has the in_specs layout, so place
     # it first (an unsharded input raises "in_specs ... does not match the specs of the input").
     xin = x if kind == "auto" else jax.device_put(x, NamedSharding(mesh, P("x")))
+    y = jax.shard_map(f_elementwise, mesh=mesh, in_specs=P("x"), out_specs=P("x"))(xin)
+    print(f"[{kind}] shard_map(f_elementwise): {rounded(y)[:4]}... shape {y.shape}")
     y = jax.shard_map(f_local, mesh=mesh, in_specs=P("x"), out_specs=P("x"))(xin)
     print(f"[{kind}] x * 2 per shard: {np.asarray(y)[:6]}... spec {y.sharding.spec}")
     y = jax.shard_map(f_sum, mesh=mesh, in_specs=P("x"), out_specs=P("x"))(xin)
@@ -309,9 +311,10 @@ report("way 3, shard_map + psum", shard_map_layer(mesh), *in_order(placed))
 # x\y   0   1   2   3
 # 0     0   1   2   3
 # 1     4   5   6   7
+# [auto] NamedSharding(mesh=Mesh('x': 2, 'y': 4, axis_types=(Auto, Auto)), spec=P('x', 'y'), memory_kind=device)
 # [auto] jax.typeof(arr_sharded) = float32[4,8]
+# [explicit] NamedSharding(mesh=Mesh('x': 2, 'y': 4, axis_types=(Explicit, Explicit)), spec=P('x', 'y'), memory_kind=device)
 # [explicit] jax.typeof(arr_sharded) = float32[4@x,8@y]
-# (Explicit, Explicit) P('x', 'y')
 # [[ 0.  1.  2.  3.  4.  5.  6.  7.]
 #  [ 8.  9. 10. 11. 12. 13. 14. 15.]
 #  [16. 17. 18. 19. 20. 21. 22. 23.]
@@ -352,10 +355,12 @@ report("way 3, shard_map + psum", shard_map_layer(mesh), *in_order(placed))
 #
 # == 5. shard_map
 # global shape: x.shape=(32,)
+# [auto] shard_map(f_elementwise): [1.     2.6829 2.8186 1.2822]... shape (32,)
 # device local shape: x.shape=(4,)
 # [auto] x * 2 per shard: [ 0  2  4  6  8 10]... spec P('x',)
 # [auto] sum per shard: [  6  22  38  54  70  86 102 118]
 # [auto] psum over 'x': 496 (jnp.sum: 496)
+# [explicit] shard_map(f_elementwise): [1.     2.6829 2.8186 1.2822]... shape (32,)
 # device local shape: x.shape=(4,)
 # [explicit] x * 2 per shard: [ 0  2  4  6  8 10]... spec P('x',)
 # [explicit] sum per shard: [  6  22  38  54  70  86 102 118]

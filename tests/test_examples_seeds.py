@@ -107,6 +107,7 @@ def test_seed001_jit_constraint_and_shard_map():
     assert f"[explicit] reshard: spec P(('x', 'y'),), value {total}" in s4
     assert s4.count("|cpu 0 |cpu 1 |cpu 2 |cpu 3 |cpu 4 |cpu 5 |cpu 6 |cpu 7 |") == 2
     s5 = between(out, "== 5.", "== 6.")
+    assert s5.count("shard_map(f_elementwise): [1.     2.6829 2.8186 1.2822]... shape (32,)") == 2
     assert s5.count("device local shape: x.shape=(4,)") == 2
     assert s5.count("sum per shard: [  6  22  38  54  70  86 102 118]") == 2
     assert s5.count("psum over 'x': 496 (jnp.sum: 496)") == 2
