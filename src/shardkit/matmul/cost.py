@@ -99,8 +99,10 @@ def choose(L: Layout, out: Spec | None) -> Method:
     by its unidirectional form; pass ``algorithm="collective", bidirectional=True`` to force the
     other.
     """
-    fits = [(lb, m) for lb, m in candidates(L, out) if isinstance(m, Method)]
-    fits = [(lb, m) for lb, m in fits if "bidirectional" not in lb]
+    rows = candidates(L, out)
+    fits = [(lb, m) for lb, m in rows if isinstance(m, Method) and "bidirectional" not in lb]
+    if not fits:  # only a bad out_spec gets here: allgather's error says what is wrong
+        raise next(e for lb, e in rows if lb == "allgather")
     return min(fits, key=_rank)[1]
 
 
