@@ -276,10 +276,17 @@ def test_accepts_jitted_lowered_compiled(axis_type):
     jitted = jax.jit(f)
     lowered = jitted.lower(x)
     compiled = lowered.compile()
-    reports = [si.inspect(f, x), si.inspect(jitted, x), si.inspect(lowered), si.inspect(compiled)]
+    traced = jitted.trace(x)
+    reports = [
+        si.inspect(f, x),
+        si.inspect(jitted, x),
+        si.inspect(traced),
+        si.inspect(lowered),
+        si.inspect(compiled),
+    ]
     rows = [[c.to_dict() for c in r.collectives] for r in reports]
     assert all(r == rows[0] for r in rows) and len(rows[0]) == 1
-    assert reports[0].compile_seconds is not None and reports[3].compile_seconds is None
+    assert reports[0].compile_seconds is not None and reports[4].compile_seconds is None
 
 
 def test_abstract_mesh_from_set_mesh():

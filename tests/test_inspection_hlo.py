@@ -305,3 +305,16 @@ def test_shapes():
     )
     assert hlo.ArrayShape("c64", (3,)).nbytes == 24
     assert hlo.ArrayShape("s4", (3,)).nbytes == 2
+
+
+def test_operands_missing_from_text_are_inferred_from_the_result():
+    text = (
+        "HloModule m, num_partitions=4\n\nENTRY %main () -> f32[32,16] {\n"
+        "  %ag = f32[32,16]{1,0} all-gather(%elsewhere), replica_groups={{0,1,2,3}}, "
+        "dimensions={0}\n"
+        "  ROOT %rs = f32[8,16]{1,0} reduce-scatter(%elsewhere2), replica_groups={{0,1,2,3}}, "
+        "dimensions={0}, to_apply=%add\n}\n"
+    )
+    ag, rs = collectives_of(hlo.parse_hlo(text), ("x",), (4,))
+    assert (ag.buffer_bytes, ag.bytes_moved, ag.shapes) == (2048, 1536, ("f32[32,16]",))
+    assert (rs.buffer_bytes, rs.bytes_moved) == (2048, 1536)

@@ -42,6 +42,8 @@ def _kind_of(obj: Any) -> str:
         return "lowered"
     if hasattr(obj, "lower") and callable(obj):
         return "jitted"
+    if hasattr(obj, "lower") and hasattr(obj, "jaxpr"):
+        return "traced"
     if callable(obj):
         return "function"
     raise TypeError(
@@ -93,13 +95,14 @@ def _compile(
     import jax
 
     t0 = time.perf_counter()
-    if kind == "lowered":
+    if kind in ("lowered", "traced"):
+        what = "Lowered" if kind == "lowered" else "Traced"
         if args or kwargs:
             raise TypeError(
-                f"{who}(lowered, ...): a Lowered object takes no arguments; got {len(args)} "
-                f"positional. Fix: {who}(lowered) or {who}(jitted_fn, *args)."
+                f"{who}({kind}, ...): a {what} object takes no arguments; got {len(args)} "
+                f"positional. Fix: {who}({kind}) or {who}(jitted_fn, *args)."
             )
-        compiled = fn.compile()
+        compiled = fn.compile() if kind == "lowered" else fn.lower().compile()
     else:
         _check_args(fn, args, kwargs, who)
         jitted = fn if kind == "jitted" else jax.jit(fn)
@@ -178,10 +181,10 @@ def _upcast_source(module: hlo.HloModule, instr: hlo.Instruction) -> str | None:
     return None
 
 
-def _bytes(kind: str, operand_bytes: int, result_bytes: int, n: int) -> tuple[int, float]:
+def _bytes(kind: str, operand_bytes: int, n: int) -> tuple[int, float]:
     """(buffer bytes the formula applies to, bytes each device sends per execution)."""
     if kind == "all-gather":
-        buf = operand_bytes * n if operand_bytes else result_bytes
+        buf = operand_bytes * n
         return buf, buf * (n - 1) / n
     if kind == "all-reduce":
         return operand_bytes, 2 * operand_bytes * (n - 1) / n
@@ -217,20 +220,14 @@ def collectives_of(
         results = ins.arrays
         if ins.opcode.endswith("-start") and op_shapes:
             # async start: the result tuple holds operands and outputs; keep the outputs
-            results = results[len(op_shapes) :] or results
-        if not op_shapes:  # operands unknown (hand-written text): derive from the result
-            op_shapes = list(results)
-            if kind in ("all-gather",):
-                op_shapes = []
-            elif kind in ("reduce-scatter",):
-                op_shapes = [hlo.ArrayShape(a.dtype, a.dims) for a in results]
-        op_bytes = sum(a.nbytes for a in op_shapes)
-        if kind == "reduce-scatter" and not any(
-            module.symbol(ins.computation, o) for o in ins.operands
-        ):
-            op_bytes *= n
+            results = results[len(op_shapes) : 2 * len(op_shapes)] or results
         res_bytes = sum(a.nbytes for a in results)
-        buf, moved = _bytes(kind, op_bytes, res_bytes, n)
+        op_bytes = sum(a.nbytes for a in op_shapes)
+        if not op_shapes:  # operands not defined in the text: infer their size from the result
+            op_bytes = {"all-gather": res_bytes // n, "reduce-scatter": res_bytes * n}.get(
+                kind, res_bytes
+            )
+        buf, moved = _bytes(kind, op_bytes, n)
         tb = hlo.source_of(module, ins)
         dtype = (op_shapes or list(results) or [hlo.ArrayShape("?", ())])[0].dtype
         out.append(
