@@ -299,8 +299,8 @@ def test_abstract_mesh_from_set_mesh():
     with jax.set_mesh(mesh):
         report = si.inspect(f, jnp.ones((16, 4)))
     assert report.mesh == {"x": 4, "y": 2}
-    for c in report.collectives:
-        assert c.axes is not None
+    (c,) = report.collectives
+    assert (c.kind, c.axes, c.group_size) == ("all-reduce", ("x",), 4)
 
 
 # ---- errors ---------------------------------------------------------------------------------
