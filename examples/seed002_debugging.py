@@ -105,6 +105,11 @@ for kind in ("auto", "explicit"):
     print(f"-- [{kind}]")
     for path, want, got in sk.diff_specs(intended, wrong):
         print(f"{path}: intended {want}, actual {got}")
+        # The same in scaling-book notation, w's dims named D (features) and F (hidden).
+        print(
+            f"  {sk.spec_notation(('D', 'F'), want, name=path)} -> "
+            f"{sk.spec_notation(('D', 'F'), got, name=path)}"
+        )
     y = forward(wrong["x"], wrong["w"])
     print("matches numpy:", np.allclose(y, reference, rtol=1e-5, atol=1e-5))
     # The contraction is now split: each device adds a partial sum, then an all-reduce over
@@ -208,6 +213,7 @@ for kind in ("auto", "explicit"):
 # == debugging a mistake: w split over 'model' on its first dim
 # -- [auto]
 # w: intended P(None, 'model'), actual P('model', None)
+#   w[D, F_model] -> w[D_model, F]
 # matches numpy: True
 # collectives: all-reduce x1
 # y spec: P('data', None) | shard shape: (32, 256)
@@ -224,6 +230,7 @@ for kind in ("auto", "explicit"):
 #          +-------------+
 # -- [explicit]
 # w: intended P(None, 'model'), actual P('model', None)
+#   w[D, F_model] -> w[D_model, F]
 #   while tracing: y is float32[128@data,256]
 # matches numpy: True
 # collectives: all-reduce x1

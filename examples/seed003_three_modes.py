@@ -33,8 +33,6 @@ import shardkit as sk
 
 sk.simulate_cpu_devices(8)  # before any JAX computation: the script runs on any machine
 
-from functools import partial  # noqa: E402
-
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
@@ -101,12 +99,14 @@ def check(mode: str, mesh, forward) -> dict:
         and np.allclose(g1, ref_grads[0], atol=1e-5)
         and np.allclose(g2, ref_grads[1], atol=1e-5)
     )
-    print(f"[{mode}] y: {jax.typeof(y)} spec {y.sharding.spec}; loss {float(loss):.6f}")
-    print(f"[{mode}] grad w1 spec {g1.sharding.spec}, grad w2 spec {g2.sharding.spec}")
-    print(f"[{mode}] matches the reference: {ok}")
+    axes = "/".join(sorted({str(t).split(".")[-1] for t in mesh.axis_types}))
+    tag = f"[{mode}, {axes} mesh]"
+    print(f"{tag} y: {jax.typeof(y)} spec {y.sharding.spec}; loss {float(loss):.6f}")
+    print(f"{tag} grad w1 spec {g1.sharding.spec}, grad w2 spec {g2.sharding.spec}")
+    print(f"{tag} matches the reference: {ok}")
     return {
         "mode": mode,
-        "mesh axes": "/".join(sorted({str(t).split(".")[-1] for t in mesh.axis_types})),
+        "mesh axes": axes,
         "y spec": str(y.sharding.spec),
         "grad w1": str(g1.sharding.spec),
         "step collectives": comm,
@@ -144,24 +144,28 @@ def mlp_explicit(x, w1, w2):
 rows.append(check("explicit", explicit_mesh, mlp_explicit))
 
 
-# 3. Manual: shard_map gives per-device code; the collective is written by hand.
+# 3. Manual: shard_map gives per-device code; the collective is written by hand. The mesh's
+#    axis type does not matter inside shard_map: the same code runs on both kinds of mesh.
 section("3. manual: jax.shard_map with psum")
-manual_mesh = sk.make_mesh({"data": 4, "model": 2})
 
 
-@partial(
-    jax.shard_map,
-    mesh=manual_mesh,
-    in_specs=(P("data", None), P(None, "model"), P("model", None)),
-    out_specs=P("data", None),
-)
-def mlp_manual(x, w1, w2):
+def mlp_block(x, w1, w2):
     print(f"  per device: x {x.shape}, w1 {w1.shape}, w2 {w2.shape}")  # (4, 8) (8, 8) (8, 8)
     h = jnp.tanh(x @ w1)  # (B/4, F/2)
     return jax.lax.psum(h @ w2, "model")  # partial sums over F -> (B/4, D)
 
 
-rows.append(check("manual", manual_mesh, mlp_manual))
+def mlp_manual(mesh):
+    return jax.shard_map(
+        mlp_block,
+        mesh=mesh,
+        in_specs=(P("data", None), P(None, "model"), P("model", None)),
+        out_specs=P("data", None),
+    )
+
+
+rows.append(check("manual", explicit_mesh, mlp_manual(explicit_mesh)))
+rows.append(check("manual", auto_mesh, mlp_manual(auto_mesh)))
 
 section("side by side")
 print(format_rows(rows))
@@ -207,24 +211,29 @@ print(
 # reference (1 device): loss 0.363855
 #
 # == 1. automatic: jax.jit on an Auto mesh, code unchanged
-# [automatic] y: float32[16,8] spec P('data', None); loss 0.363855
-# [automatic] grad w1 spec P(None, 'model'), grad w2 spec P('model',)
-# [automatic] matches the reference: True
+# [automatic, Auto mesh] y: float32[16,8] spec P('data', None); loss 0.363855
+# [automatic, Auto mesh] grad w1 spec P(None, 'model'), grad w2 spec P('model',)
+# [automatic, Auto mesh] matches the reference: True
 #
 # == 2. explicit: Explicit mesh axes, layouts in the types
 # unchanged code -> ShardingTypeError: Contracting dimensions are sharded and it is ambiguous how the output should be sharded.
 #   while tracing: h is float32[16@data,16@model]
 #   while tracing: h is float32[16@data,16@model]
-# [explicit] y: float32[16@data,8] spec P('data', None); loss 0.363855
-# [explicit] grad w1 spec P(None, 'model'), grad w2 spec P('model', None)
-# [explicit] matches the reference: True
+# [explicit, Explicit mesh] y: float32[16@data,8] spec P('data', None); loss 0.363855
+# [explicit, Explicit mesh] grad w1 spec P(None, 'model'), grad w2 spec P('model', None)
+# [explicit, Explicit mesh] matches the reference: True
 #
 # == 3. manual: jax.shard_map with psum
 #   per device: x (4, 8), w1 (8, 8), w2 (8, 8)
 #   per device: x (4, 8), w1 (8, 8), w2 (8, 8)
-# [manual] y: float32[16@data,8] spec P('data', None); loss 0.363855
-# [manual] grad w1 spec P(None, 'model'), grad w2 spec P('model', None)
-# [manual] matches the reference: True
+# [manual, Explicit mesh] y: float32[16@data,8] spec P('data', None); loss 0.363855
+# [manual, Explicit mesh] grad w1 spec P(None, 'model'), grad w2 spec P('model', None)
+# [manual, Explicit mesh] matches the reference: True
+#   per device: x (4, 8), w1 (8, 8), w2 (8, 8)
+#   per device: x (4, 8), w1 (8, 8), w2 (8, 8)
+# [manual, Auto mesh] y: float32[16,8] spec P('data', None); loss 0.363855
+# [manual, Auto mesh] grad w1 spec P(None, 'model'), grad w2 spec P('model',)
+# [manual, Auto mesh] matches the reference: True
 #
 # == side by side
 # mode       mesh axes  y spec           grad w1           step collectives  matches
@@ -232,6 +241,7 @@ print(
 # automatic  Auto       P('data', None)  P(None, 'model')  all-reduce x2     True
 # explicit   Explicit   P('data', None)  P(None, 'model')  all-reduce x2     True
 # manual     Explicit   P('data', None)  P(None, 'model')  all-reduce x2     True
+# manual     Auto       P('data', None)  P(None, 'model')  all-reduce x2     True
 #
 # == 4. random numbers and jax_threefry_partitionable
 # jax_threefry_partitionable default: True

@@ -145,6 +145,7 @@ def test_seed002_debugging_checks():
     assert "jax.typeof(y): float32[128,256]" in out
     mistake = between(out, "== debugging")
     assert mistake.count("w: intended P(None, 'model'), actual P('model', None)") == 2
+    assert mistake.count("w[D, F_model] -> w[D_model, F]") == 2
     assert mistake.count("collectives: all-reduce x1") == 2
     assert mistake.count("y spec: P('data', None) | shard shape: (32, 256)") == 2
     assert mistake.count("matches numpy: True") == 2
@@ -154,17 +155,23 @@ def test_seed002_debugging_checks():
 def test_seed003_three_modes_agree():
     out = run("seed003_three_modes.py")
     loss = re.search(r"reference \(1 device\): loss (\d+\.\d+)", out).group(1)
-    for mode in ("automatic", "explicit", "manual"):
-        assert f"[{mode}] matches the reference: True" in out
-        assert f"[{mode}] y: float32[16" in out and f"loss {loss}" in out
-        assert f"[{mode}] grad w1 spec P(None, 'model')" in out
-    assert "[explicit] y: float32[16@data,8] spec P('data', None)" in out
-    assert "[automatic] y: float32[16,8] spec P('data', None)" in out
+    runs = [("automatic", "Auto"), ("explicit", "Explicit"), ("manual", "Explicit"),
+            ("manual", "Auto")]  # fmt: skip
+    for mode, axes in runs:
+        tag = f"[{mode}, {axes} mesh]"
+        assert f"{tag} matches the reference: True" in out
+        assert re.search(
+            rf"{re.escape(tag)} y: float32\[16\S*,8\] spec P\('data', None\); loss {loss}", out
+        )
+        assert f"{tag} grad w1 spec P(None, 'model')" in out
+    assert "matches the reference: False" not in out
+    assert "[explicit, Explicit mesh] y: float32[16@data,8] spec P('data', None)" in out
+    assert "[automatic, Auto mesh] y: float32[16,8] spec P('data', None)" in out
     assert "unchanged code -> ShardingTypeError" in out
     assert "h is float32[16@data,16@model]" in out
     assert "per device: x (4, 8), w1 (8, 8), w2 (8, 8)" in out
     table = between(out, "== side by side", "== 4.")
-    assert len(re.findall(r"all-reduce x\d+\s+True", table)) == 3
+    assert len(re.findall(r"all-reduce x\d+\s+True", table)) == 4
 
 
 def test_seed003_partitionable_rng():
