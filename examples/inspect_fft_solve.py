@@ -80,7 +80,7 @@ if __name__ == "__main__":
 # == jnp.linalg.solve on A[A_x, B]
 #   all-gather f32[2,16] -> f32[16,16] over x (n=8): 896 B per device x 1
 #     at inspect_fft_solve.py:32 (solve)
-#   warnings: implicit-gather, replicated-output
+#   warnings: implicit-gather
 # == lax.linalg.lu on A[A_x, B]
 #   all-gather f32[2,16] -> f32[16,16] over x (n=8): 896 B per device x 1
 #     at inspect_fft_solve.py:36 (lu)

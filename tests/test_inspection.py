@@ -269,6 +269,22 @@ def test_warnings_implicit_gather_replicated_output_large():
     assert quiet.warnings == () and quiet.collectives == ()
 
 
+def test_data_parallel_parameters_are_not_flagged_replicated(axis_type):
+    """A data-parallel step returns replicated parameters on purpose: no warning for them."""
+    mesh = make((8,), ("x",), axis_type)
+    w = sds((16, 4), mesh, P())
+    batch = sds((64, 16), mesh, P("x"))
+
+    def step(w, batch):
+        g = jax.grad(lambda w: jnp.mean((batch @ w) ** 2))(w)
+        return w - 0.1 * g, batch @ w
+
+    report = si.inspect(step, w, batch)
+    (c,) = report.collectives
+    assert (c.kind, c.axes, c.buffer_bytes) == ("all-reduce", ("x",), 16 * 4 * 4)
+    assert report.warnings == ()
+
+
 def test_accepts_jitted_lowered_compiled(axis_type):
     mesh = make((8,), ("x",), axis_type)
     f = shard_map_fn(mesh, lambda a: jax.lax.psum(a, "x"), P("x"), P())

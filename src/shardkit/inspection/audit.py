@@ -293,11 +293,18 @@ def _findings(
     found: list[Finding] = []
     in_sh, _ = compiled.input_shardings
     args_info, _ = compiled.args_info
+    pairs = list(zip(jax.tree.leaves(args_info), jax.tree.leaves(in_sh), strict=False))
     sharded_inputs = [
         (tuple(info.shape), math.prod(info.shape))
-        for info, sh in zip(jax.tree.leaves(args_info), jax.tree.leaves(in_sh), strict=False)
+        for info, sh in pairs
         if not getattr(sh, "is_fully_replicated", True) and math.prod(info.shape) > 1
     ]
+    # replicated inputs that may come back replicated (e.g. data-parallel parameters)
+    replicated_inputs = {
+        (tuple(info.shape), str(info.dtype))
+        for info, sh in pairs
+        if getattr(sh, "is_fully_replicated", False)
+    }
     for i, c in enumerate(colls):
         if c.kind in ("all-gather", "all-reduce") and c.group_size > 1:
             res = hlo.parse_shape(c.result_shapes[0]) if c.result_shapes else ()
@@ -345,7 +352,11 @@ def _findings(
             jax.tree.leaves(compiled.output_shardings),
             strict=False,
         ):
-            if getattr(sh, "is_fully_replicated", False) and math.prod(info.shape) > 1:
+            if (
+                getattr(sh, "is_fully_replicated", False)
+                and math.prod(info.shape) > 1
+                and (tuple(info.shape), str(info.dtype)) not in replicated_inputs
+            ):
                 name = "out" + jax.tree_util.keystr(path)
                 found.append(
                     Finding(
