@@ -47,9 +47,9 @@ def section(title: str) -> None:
     print(f"\n== {title}")
 
 
-def collectives(jitted, *args) -> str:
-    """The collectives XLA put in the compiled program, e.g. 'all-reduce x1' or 'none'."""
-    counts = collective_counts(jitted.lower(*args).compile().as_text())
+def collectives(compiled) -> str:
+    """The collectives XLA put in a compiled program, e.g. 'all-reduce x1' or 'none'."""
+    counts = collective_counts(compiled.as_text())
     return ", ".join(f"{k} x{v}" for k, v in sorted(counts.items()) if v) or "none"
 
 
@@ -223,8 +223,9 @@ def in_order(tree: dict) -> tuple:
 
 def report(way: str, jitted, *args) -> None:
     """Prints a way's result, its collectives, and whether it matches one device."""
-    out = jitted(*args)
-    print(f"{way}: {rounded(out)}  [{collectives(jitted, *args)}]")
+    compiled = jitted.lower(*args).compile()  # compile once: run it and read its program
+    out = compiled(*args)
+    print(f"{way}: {rounded(out)}  [{collectives(compiled)}]")
     print("  matches single device:", np.allclose(out, reference, atol=1e-6))
 
 

@@ -39,8 +39,9 @@ def section(title: str) -> None:
     print(f"\n== {title}")
 
 
-def collectives(jitted, *args) -> str:
-    counts = collective_counts(jitted.lower(*args).compile().as_text())
+def collectives(compiled) -> str:
+    """The collectives XLA put in a compiled program, e.g. 'all-reduce x1' or 'none'."""
+    counts = collective_counts(compiled.as_text())
     return ", ".join(f"{k} x{v}" for k, v in sorted(counts.items()) if v) or "none"
 
 
@@ -78,9 +79,10 @@ for kind in ("auto", "explicit"):
     mesh = sk.make_mesh({"data": 4, "model": 2}, axis_types=kind)
     params = sk.shard({"x": x_host, "w": w_host}, rules, mesh)
     print(format_rows(sk.tree_table(params)))
-    y = forward(params["x"], params["w"])
+    compiled = forward.lower(params["x"], params["w"]).compile()
+    y = compiled(params["x"], params["w"])
     print("matches numpy:", np.allclose(y, reference, rtol=1e-5, atol=1e-5))
-    print("collectives:", collectives(forward, params["x"], params["w"]))
+    print("collectives:", collectives(compiled))
 
     # 1. Check sharding.
     print("y.sharding:", y.sharding)
@@ -110,11 +112,12 @@ for kind in ("auto", "explicit"):
             f"  {sk.spec_notation(('D', 'F'), want, name=path)} -> "
             f"{sk.spec_notation(('D', 'F'), got, name=path)}"
         )
-    y = forward(wrong["x"], wrong["w"])
+    compiled = forward.lower(wrong["x"], wrong["w"]).compile()
+    y = compiled(wrong["x"], wrong["w"])
     print("matches numpy:", np.allclose(y, reference, rtol=1e-5, atol=1e-5))
     # The contraction is now split: each device adds a partial sum, then an all-reduce over
     # 'model' combines them, and y is replicated over 'model' (twice the bytes per device).
-    print("collectives:", collectives(forward, wrong["x"], wrong["w"]))
+    print("collectives:", collectives(compiled))
     print("y spec:", y.sharding.spec, "| shard shape:", y.addressable_shards[0].data.shape)
     sk.show(y, name="y", format="text")
 
