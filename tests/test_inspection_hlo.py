@@ -9,7 +9,7 @@ from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import shardkit.inspection as si
-from shardkit.inspection import hlo
+from shardkit.inspection import groups, hlo
 from shardkit.inspection.audit import collectives_of
 
 # Opcodes of XLA's own parser, mapped to shardkit's kinds (async pairs once: the start).
@@ -226,46 +226,46 @@ def test_async_pairs_and_tuples_in_handwritten_text():
 
 
 def test_replica_group_spellings():
-    def groups(attr, kind="all-reduce", n=8):
+    def decode(attr, kind="all-reduce", n=8):
         ins = hlo.Instruction("c", kind, "f32[4]", ("p",), attr, "main")
-        return hlo.replica_groups(ins, n)
+        return groups.replica_groups(ins, n)
 
-    assert groups("replica_groups={{0,1},{2,3}}") == [[0, 1], [2, 3]]
-    assert groups("replica_groups={}") == [list(range(8))]
-    assert groups("channel_id=1") == [list(range(8))]
-    assert groups("replica_groups=[2,4]<=[8]") == [[0, 1, 2, 3], [4, 5, 6, 7]]
-    assert groups("replica_groups=[2,4]<=[4,2]T(1,0)") == [[0, 2, 4, 6], [1, 3, 5, 7]]
-    assert groups("replica_groups=[4,2]<=[2,2,2]T(2,1,0)") == [[0, 4], [2, 6], [1, 5], [3, 7]]
-    assert groups("replica_groups=mesh['axis_0'=4,'axis_1'=2] {'axis_1'}, x=1") == [
+    assert decode("replica_groups={{0,1},{2,3}}") == [[0, 1], [2, 3]]
+    assert decode("replica_groups={}") == [list(range(8))]
+    assert decode("channel_id=1") == [list(range(8))]
+    assert decode("replica_groups=[2,4]<=[8]") == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert decode("replica_groups=[2,4]<=[4,2]T(1,0)") == [[0, 2, 4, 6], [1, 3, 5, 7]]
+    assert decode("replica_groups=[4,2]<=[2,2,2]T(2,1,0)") == [[0, 4], [2, 6], [1, 5], [3, 7]]
+    assert decode("replica_groups=mesh['axis_0'=4,'axis_1'=2] {'axis_1'}, x=1") == [
         [0, 1],
         [2, 3],
         [4, 5],
         [6, 7],
     ]
-    assert groups("replica_groups=mesh['a'=4,'b'=2] {'a'}") == [[0, 2, 4, 6], [1, 3, 5, 7]]
+    assert decode("replica_groups=mesh['a'=4,'b'=2] {'a'}") == [[0, 2, 4, 6], [1, 3, 5, 7]]
     # sub-axis a:(1)2 is the major half of a=4 (pre-size 1: nothing major to it): a // 2
-    assert groups("replica_groups=mesh['a'=4,'b'=2] {'a':(1)2}") == [
+    assert decode("replica_groups=mesh['a'=4,'b'=2] {'a':(1)2}") == [
         [0, 4],
         [1, 5],
         [2, 6],
         [3, 7],
     ]
-    assert groups("replica_groups=mesh['a'=4,'b'=2] {'a':(2)2}") == [
+    assert decode("replica_groups=mesh['a'=4,'b'=2] {'a':(2)2}") == [
         [0, 2],
         [1, 3],
         [4, 6],
         [5, 7],
     ]
-    assert groups("replica_groups=mesh['a'=2,'b'=2], device_ids=(3,2,1,0) {'b'}", n=4) == [
+    assert decode("replica_groups=mesh['a'=2,'b'=2], device_ids=(3,2,1,0) {'b'}", n=4) == [
         [3, 2],
         [1, 0],
     ]
-    assert groups("source_target_pairs={{0,1},{1,0}}", kind="collective-permute") == [
+    assert decode("source_target_pairs={{0,1},{1,0}}", kind="collective-permute") == [
         [0, 1],
         [1, 0],
     ]
     with pytest.raises(ValueError, match=r"not a spelling of replica groups"):
-        groups("replica_groups=weird(1)")
+        decode("replica_groups=weird(1)")
 
 
 def test_nested_loops_multiply():
@@ -318,3 +318,23 @@ def test_operands_missing_from_text_are_inferred_from_the_result():
     ag, rs = collectives_of(hlo.parse_hlo(text), ("x",), (4,))
     assert (ag.buffer_bytes, ag.bytes_moved, ag.shapes) == (2048, 1536, ("f32[32,16]",))
     assert (rs.buffer_bytes, rs.bytes_moved) == (2048, 1536)
+
+
+def test_mesh_axes_of_groups():
+    names, sizes = ("data", "model"), (4, 2)
+    assert groups.mesh_axes_of([[0, 2, 4, 6], [1, 3, 5, 7]], names, sizes, pairs=False) == (
+        ("data",),
+        "",
+    )
+    assert groups.mesh_axes_of([list(range(8))], names, sizes, pairs=False) == (
+        ("data", "model"),
+        "",
+    )
+    # groups of 2 along data (size 4) only cover part of the axis
+    assert groups.mesh_axes_of([[0, 2], [4, 6], [1, 3], [5, 7]], names, sizes, pairs=False) == (
+        ("data",),
+        "2 of 4 devices",
+    )
+    assert groups.mesh_axes_of([[0, 1], [1, 0]], names, sizes, pairs=True) == (("model",), "")
+    # ids beyond the mesh: not decodable against it
+    assert groups.mesh_axes_of([[0, 9]], names, sizes, pairs=False) == (None, "")

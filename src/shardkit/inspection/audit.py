@@ -23,6 +23,7 @@ import math
 import time
 from typing import Any
 
+from shardkit.inspection import groups as groups_mod
 from shardkit.inspection import hlo
 from shardkit.inspection.report import Collective, Cost, Finding, MemoryStats, Report
 
@@ -132,33 +133,6 @@ def _mesh_axes(mesh: Any) -> tuple[tuple[str, ...], tuple[int, ...]]:
     return names, tuple(int(shape[n]) for n in names)
 
 
-def _decode_axes(
-    groups: list[list[int]], names: tuple[str, ...], sizes: tuple[int, ...], *, pairs: bool
-) -> tuple[tuple[str, ...] | None, str]:
-    """The mesh axes over which partition ids in the groups vary, and a partial-coverage note.
-
-    Partition id i is the device at position `unravel(i, sizes)` of the mesh (jit assigns
-    devices in the mesh's row-major order). `pairs` marks collective-permute source-target
-    pairs, which span the axes they move along without covering them.
-    """
-    total = math.prod(sizes)
-    if not groups or any(i >= total for g in groups for i in g):
-        return None, ""
-    varying: set[int] = set()
-    for g in groups:
-        coords = [hlo._unravel(i, sizes) for i in g]
-        for k in range(len(sizes)):
-            if len({c[k] for c in coords}) > 1:
-                varying.add(k)
-    axes = tuple(names[k] for k in sorted(varying))
-    if pairs:
-        return axes, ""
-    span = math.prod(sizes[k] for k in varying)
-    if all(len(set(g)) == span for g in groups):
-        return axes, ""
-    return axes, f"{len(set(groups[0]))} of {span} devices"
-
-
 def _upcast_source(module: hlo.HloModule, instr: hlo.Instruction) -> str | None:
     """The narrow dtype an operand was converted from just before the collective, if any."""
     for name in instr.operands:
@@ -202,8 +176,8 @@ def collectives_of(
     for ins in module.collectives():
         kind = ins.kind
         assert kind is not None
-        groups = hlo.replica_groups(ins, module.num_partitions)
-        axes, partial = _decode_axes(
+        groups = groups_mod.replica_groups(ins, module.num_partitions)
+        axes, partial = groups_mod.mesh_axes_of(
             groups, mesh_names, mesh_sizes, pairs=kind == "collective-permute"
         )
         if kind == "collective-permute":

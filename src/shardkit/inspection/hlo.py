@@ -6,11 +6,10 @@ plain string work, so it also reads HLO saved from a GPU or TPU run):
 
 - `parse_hlo(text)` splits it into computations and instructions, and reads the source tables
   (`FileNames`, `FunctionNames`, `FileLocations`, `StackFrames`) printed at the top;
-- `replica_groups(instruction, num_partitions)` expands the four spellings of replica groups
-  (explicit `{{0,1},{2,3}}`, iota `[2,4]<=[4,2]T(1,0)`, mesh axes `mesh['a'=4,'b'=2] {'b'}` and
-  the empty "everyone" form) into lists of partition ids;
 - `execution_counts(module)` multiplies through while loops whose trip count XLA states;
 - `collective_counts(text)` is the quick static count used throughout shardkit's tests.
+
+Replica groups are decoded in `shardkit.inspection.groups`.
 
 Example:
     >>> module = parse_hlo(compiled.as_text())
@@ -454,113 +453,6 @@ def parse_hlo(text: str) -> HloModule:
         num_replicas=int(reps.group(1)) if reps else 1,
         frames=_parse_tables(table_lines),
     )
-
-
-# --------------------------------------------------------------------------------------------
-# Replica groups
-
-
-def _iota_groups(spec: str) -> list[list[int]] | None:
-    """`[2,4]<=[4,2]T(1,0)` -> groups (rows of the reshaped, transposed iota)."""
-    m = re.fullmatch(r"\s*\[([\d,]+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?\s*", spec)
-    if not m:
-        return None
-    out_dims = [int(d) for d in m.group(1).split(",")]
-    in_dims = [int(d) for d in m.group(2).split(",")]
-    perm = [int(d) for d in m.group(3).split(",")] if m.group(3) else list(range(len(in_dims)))
-    total = math.prod(in_dims)
-    # Element at transposed multi-index j has source index sum(j_k * stride[perm[k]]).
-    strides = [math.prod(in_dims[i + 1 :]) for i in range(len(in_dims))]
-    t_dims = [in_dims[p] for p in perm]
-    flat = []
-    for idx in range(total):
-        rem = idx
-        src = 0
-        for k in range(len(t_dims) - 1, -1, -1):
-            rem, j = divmod(rem, t_dims[k])
-            src += j * strides[perm[k]]
-        flat.append(src)
-    if len(out_dims) == 1:
-        return [flat]
-    size = math.prod(out_dims[1:])
-    return [flat[i : i + size] for i in range(0, total, size)]
-
-
-def _mesh_groups(spec: str) -> list[list[int]] | None:
-    """`mesh['a'=4,'b'=2] {'b'}` (optionally `, device_ids=(...)`, sub-axes `'a':(1)2`)."""
-    m = re.match(r"\s*mesh\[([^\]]*)\](?:,\s*device_ids=\(([^)]*)\))?\s*\{([^}]*)\}", spec)
-    if not m:
-        return None
-    axes = re.findall(r"'?([\w.\-]+)'?\s*=\s*(\d+)", m.group(1))
-    names = [a for a, _ in axes]
-    sizes = [int(s) for _, s in axes]
-    total = math.prod(sizes)
-    ids = [int(d) for d in re.findall(r"\d+", m.group(2))] if m.group(2) else list(range(total))
-    refs = []
-    for ref in re.findall(r"'?([\w.\-]+)'?(?::\((\d+)\)(\d+))?", m.group(3)):
-        name, pre, size = ref
-        if not name:
-            continue
-        ax = names.index(name) if name in names else int(name)
-        refs.append((ax, int(pre) if pre else 1, int(size) if size else sizes[ax]))
-    groups: dict[tuple[int, ...], list[tuple[tuple[int, ...], int]]] = {}
-    for pos in range(total):
-        coords = _unravel(pos, sizes)
-        key = list(coords)
-        sel = []
-        for ax, pre, size in refs:
-            # sub-axis 'a':(pre)size: pre is the product of the sub-axes major to it
-            stride = sizes[ax] // (pre * size)
-            part = (coords[ax] // stride) % size
-            sel.append(part)
-            key[ax] -= part * stride
-        groups.setdefault(tuple(key), []).append((tuple(sel), ids[pos]))
-    return [[d for _, d in sorted(g)] for g in groups.values()]
-
-
-def _unravel(index: int, sizes: list[int] | tuple[int, ...]) -> tuple[int, ...]:
-    out = []
-    for s in reversed(sizes):
-        index, r = divmod(index, s)
-        out.append(r)
-    return tuple(reversed(out))
-
-
-def replica_groups(instr: Instruction, num_partitions: int) -> list[list[int]]:
-    """The groups of partition ids a collective runs over.
-
-    For `collective-permute` this returns the `source_target_pairs` as two-element groups.
-    An empty `replica_groups={}` means one group of all `num_partitions` partitions.
-
-    Args:
-        instr: a collective instruction.
-        num_partitions: the module's partition count.
-
-    Returns:
-        A list of groups, each a list of partition ids.
-
-    Raises:
-        ValueError: when the spelling of the groups is not one XLA prints.
-
-    Example:
-        >>> replica_groups(instr, 8)   # replica_groups=[2,4]<=[4,2]T(1,0)
-        [[0, 2, 4, 6], [1, 3, 5, 7]]
-    """
-    key = "source_target_pairs" if instr.kind == "collective-permute" else "replica_groups"
-    raw = instr.attr(key)
-    if raw is None or raw.strip() in ("{}", ""):
-        return [list(range(num_partitions))] if key == "replica_groups" else []
-    raw = raw.strip()
-    if raw.startswith("{"):
-        return [[int(x) for x in re.findall(r"\d+", g)] for g in re.findall(r"\{([^{}]*)\}", raw)]
-    groups = _iota_groups(raw) if raw.startswith("[") else _mesh_groups(raw)
-    if groups is None:
-        raise ValueError(
-            f"{key}={raw!r} of %{instr.name} is not a spelling of replica groups shardkit "
-            "knows (explicit {{...}}, iota [..]<=[..], mesh[...] {...}). Fix: report the "
-            "HLO line to shardkit."
-        )
-    return groups
 
 
 # --------------------------------------------------------------------------------------------

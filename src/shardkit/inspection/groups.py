@@ -1,0 +1,152 @@
+"""Replica groups: the four spellings XLA prints, and the mesh axes a group spans.
+
+A collective names the devices that communicate as groups of partition ids. XLA prints them as
+explicit lists `{{0,1},{2,3}}`, as an iota `[2,4]<=[4,2]T(1,0)` (reshape, transpose, rows), as
+mesh axes `mesh['axis_0'=4,'axis_1'=2] {'axis_1'}` (Shardy; optionally with
+`device_ids=(...)` and sub-axes `'a':(1)2`), or as `{}` (everyone). `replica_groups` expands
+any of them to lists of ids; `mesh_axes_of` finds the mesh axes along which the ids of a group
+vary, since `jax.jit` gives partition id i to the device at row-major position i of the mesh.
+
+Example:
+    >>> replica_groups(instr, 8)            # replica_groups=[2,4]<=[4,2]T(1,0)
+    [[0, 2, 4, 6], [1, 3, 5, 7]]
+    >>> mesh_axes_of([[0, 2, 4, 6], [1, 3, 5, 7]], ("data", "model"), (4, 2), pairs=False)
+    (('data',), '')
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+from shardkit.inspection.hlo import Instruction
+
+
+def _iota_groups(spec: str) -> list[list[int]] | None:
+    """`[2,4]<=[4,2]T(1,0)` -> groups (rows of the reshaped, transposed iota)."""
+    m = re.fullmatch(r"\s*\[([\d,]+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?\s*", spec)
+    if not m:
+        return None
+    out_dims = [int(d) for d in m.group(1).split(",")]
+    in_dims = [int(d) for d in m.group(2).split(",")]
+    perm = [int(d) for d in m.group(3).split(",")] if m.group(3) else list(range(len(in_dims)))
+    total = math.prod(in_dims)
+    # Element at transposed multi-index j has source index sum(j_k * stride[perm[k]]).
+    strides = [math.prod(in_dims[i + 1 :]) for i in range(len(in_dims))]
+    t_dims = [in_dims[p] for p in perm]
+    flat = []
+    for idx in range(total):
+        rem = idx
+        src = 0
+        for k in range(len(t_dims) - 1, -1, -1):
+            rem, j = divmod(rem, t_dims[k])
+            src += j * strides[perm[k]]
+        flat.append(src)
+    if len(out_dims) == 1:
+        return [flat]
+    size = math.prod(out_dims[1:])
+    return [flat[i : i + size] for i in range(0, total, size)]
+
+
+def _mesh_groups(spec: str) -> list[list[int]] | None:
+    """`mesh['a'=4,'b'=2] {'b'}` (optionally `, device_ids=(...)`, sub-axes `'a':(1)2`)."""
+    m = re.match(r"\s*mesh\[([^\]]*)\](?:,\s*device_ids=\(([^)]*)\))?\s*\{([^}]*)\}", spec)
+    if not m:
+        return None
+    axes = re.findall(r"'?([\w.\-]+)'?\s*=\s*(\d+)", m.group(1))
+    names = [a for a, _ in axes]
+    sizes = [int(s) for _, s in axes]
+    total = math.prod(sizes)
+    ids = [int(d) for d in re.findall(r"\d+", m.group(2))] if m.group(2) else list(range(total))
+    refs = []
+    for ref in re.findall(r"'?([\w.\-]+)'?(?::\((\d+)\)(\d+))?", m.group(3)):
+        name, pre, size = ref
+        if not name:
+            continue
+        ax = names.index(name) if name in names else int(name)
+        refs.append((ax, int(pre) if pre else 1, int(size) if size else sizes[ax]))
+    groups: dict[tuple[int, ...], list[tuple[tuple[int, ...], int]]] = {}
+    for pos in range(total):
+        coords = _unravel(pos, sizes)
+        key = list(coords)
+        sel = []
+        for ax, pre, size in refs:
+            # sub-axis 'a':(pre)size: pre is the product of the sub-axes major to it
+            stride = sizes[ax] // (pre * size)
+            part = (coords[ax] // stride) % size
+            sel.append(part)
+            key[ax] -= part * stride
+        groups.setdefault(tuple(key), []).append((tuple(sel), ids[pos]))
+    return [[d for _, d in sorted(g)] for g in groups.values()]
+
+
+def _unravel(index: int, sizes: list[int] | tuple[int, ...]) -> tuple[int, ...]:
+    out = []
+    for s in reversed(sizes):
+        index, r = divmod(index, s)
+        out.append(r)
+    return tuple(reversed(out))
+
+
+def replica_groups(instr: Instruction, num_partitions: int) -> list[list[int]]:
+    """The groups of partition ids a collective runs over.
+
+    For `collective-permute` this returns the `source_target_pairs` as two-element groups.
+    An empty `replica_groups={}` means one group of all `num_partitions` partitions.
+
+    Args:
+        instr: a collective instruction.
+        num_partitions: the module's partition count.
+
+    Returns:
+        A list of groups, each a list of partition ids.
+
+    Raises:
+        ValueError: when the spelling of the groups is not one XLA prints.
+
+    Example:
+        >>> replica_groups(instr, 8)   # replica_groups=[2,4]<=[4,2]T(1,0)
+        [[0, 2, 4, 6], [1, 3, 5, 7]]
+    """
+    key = "source_target_pairs" if instr.kind == "collective-permute" else "replica_groups"
+    raw = instr.attr(key)
+    if raw is None or raw.strip() in ("{}", ""):
+        return [list(range(num_partitions))] if key == "replica_groups" else []
+    raw = raw.strip()
+    if raw.startswith("{"):
+        return [[int(x) for x in re.findall(r"\d+", g)] for g in re.findall(r"\{([^{}]*)\}", raw)]
+    groups = _iota_groups(raw) if raw.startswith("[") else _mesh_groups(raw)
+    if groups is None:
+        raise ValueError(
+            f"{key}={raw!r} of %{instr.name} is not a spelling of replica groups shardkit "
+            "knows (explicit {{...}}, iota [..]<=[..], mesh[...] {...}). Fix: report the "
+            "HLO line to shardkit."
+        )
+    return groups
+
+
+def mesh_axes_of(
+    groups: list[list[int]], names: tuple[str, ...], sizes: tuple[int, ...], *, pairs: bool
+) -> tuple[tuple[str, ...] | None, str]:
+    """The mesh axes over which partition ids in the groups vary, and a partial-coverage note.
+
+    Partition id i is the device at position `unravel(i, sizes)` of the mesh (jit assigns
+    devices in the mesh's row-major order). `pairs` marks collective-permute source-target
+    pairs, which span the axes they move along without covering them.
+    """
+    total = math.prod(sizes)
+    if not groups or any(i >= total for g in groups for i in g):
+        return None, ""
+    varying: set[int] = set()
+    for g in groups:
+        coords = [_unravel(i, sizes) for i in g]
+        for k in range(len(sizes)):
+            if len({c[k] for c in coords}) > 1:
+                varying.add(k)
+    axes = tuple(names[k] for k in sorted(varying))
+    if pairs:
+        return axes, ""
+    span = math.prod(sizes[k] for k in varying)
+    if all(len(set(g)) == span for g in groups):
+        return axes, ""
+    return axes, f"{len(set(groups[0]))} of {span} devices"
