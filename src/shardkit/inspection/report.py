@@ -471,7 +471,9 @@ def _rich(report: Report) -> Any:
         else None,
     )
     for h in _HEADER:
-        table.add_column(h, justify="right" if h in ("#", "n", "count") else "left")
+        table.add_column(
+            h, justify="right" if h in ("#", "n", "count") else "left", overflow="fold"
+        )
     for r in _rows(report):
         table.add_row(*r)
     parts: list[Any] = [table]
