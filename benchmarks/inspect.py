@@ -126,7 +126,7 @@ def main() -> None:
     )
     print(f"lower + compile:             {compile_s:8.2f} s")
     print(f"shardkit.inspect(compiled):  {audit_s:8.3f} s  = {audit_s / compile_s:6.1%} of compile")
-    print(f"  of which report.parse:     {report.parse_seconds:8.3f} s")
+    print(f"  of which text+parse+decode:{report.parse_seconds:8.3f} s")
     print(f"parse_hlo(text) alone:       {parse_s:8.3f} s  = {parse_s / compile_s:6.1%} of compile")
     print(f"collective_counts(text):     {count_s:8.3f} s  = {count_s / compile_s:6.1%} of compile")
     print(
