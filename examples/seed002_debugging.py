@@ -15,8 +15,9 @@ What changed since the seed was written (JAX 0.10): ``mesh_utils.create_device_m
 needed (``shardkit.make_mesh({"data": 4, "model": 2})``); mesh axes are **Explicit** by default,
 so an array's sharding is part of its type (``jax.typeof(y)`` prints ``float32[128@data,
 256@model]``) and is known while tracing. Both Auto and Explicit meshes are shown; here they
-agree. Sizes are the seed's divided by 8 (batch 128, features 512, hidden 256) so the script
-runs in seconds; the lint step checks the seed's full sizes without allocating them.
+agree. The batch is the seed's (128); features and hidden are the seed's divided by 8 (512 and
+256) so the script runs in seconds; the lint step checks the seed's full sizes (features 4096,
+hidden 2048) without allocating them.
 
 Run: ``python examples/seed002_debugging.py`` (expected output at the end).
 """
@@ -67,7 +68,7 @@ print(sk.mesh_table(mesh))
 
 section("lint the layout at the seed's full size (no arrays allocated)")
 full = {
-    "x": jax.ShapeDtypeStruct((1024, 4096), jnp.float32),
+    "x": jax.ShapeDtypeStruct((128, 4096), jnp.float32),
     "w": jax.ShapeDtypeStruct((4096, 2048), jnp.float32),
 }
 report = lint(full, rules, mesh)
@@ -133,11 +134,11 @@ for kind in ("auto", "explicit"):
 # 3            6   7
 #
 # == lint the layout at the seed's full size (no arrays allocated)
-# lint: 2 leaves, 48.0 MiB total, 20.0 MiB per device, 0.0% of per-device bytes replicated, 0 errors, 0 warnings
+# lint: 2 leaves, 34.0 MiB total, 16.5 MiB per device, 0.0% of per-device bytes replicated, 0 errors, 0 warnings
 # path  shape         dtype    spec          bytes_per_device
 # ----  ------------  -------  ------------  ----------------
 # w     (4096, 2048)  float32  [A, B_model]  16.0 MiB
-# x     (1024, 4096)  float32  [A_data, B]   4.0 MiB
+# x     (128, 4096)   float32  [A_data, B]   512.0 KiB
 #
 # == auto mesh: the four checks on y = x @ w
 # path  shape       dtype    spec          bytes_per_device

@@ -132,7 +132,8 @@ def test_seed001_three_ways_to_shard_a_layer():
 
 def test_seed002_debugging_checks():
     out = run("seed002_debugging.py")
-    assert "0 errors" in out and "20.0 MiB per device" in out  # 4 MiB of x + 16 MiB of w
+    # Seed's full size: x (128, 4096) over data=4 is 512 KiB, w (4096, 2048) over model=2 16 MiB.
+    assert "0 errors" in out and "16.5 MiB per device" in out
     for kind in ("auto", "explicit"):
         part = between(out, f"== {kind} mesh", "==" if kind == "auto" else "== debugging")
         assert "matches numpy: True" in part
