@@ -11,20 +11,13 @@ parallelism over the batch. The script times, in one run:
 
 and prints the audit time as a fraction of compile time (target: under 10%).
 
-Run: `python benchmarks/inspect.py [--layers 24] [--repeats 3]`.
+Run: `python benchmarks/inspection.py [--layers 24] [--repeats 3]`.
 """
 
+import argparse
 import os
-import sys
-
-# This file is named like the standard library's `inspect`, which JAX imports: drop the
-# script's own directory from the import path first, or `import inspect` would find this file.
-_HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
-
-import argparse  # noqa: E402
-import statistics  # noqa: E402
-import time  # noqa: E402
+import statistics
+import time
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
