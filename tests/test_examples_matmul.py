@@ -29,7 +29,7 @@ def test_seed000_variants(monkeypatch, capsys):
 
 def test_seed004_exercise3(monkeypatch, capsys):
     out = _run("matmul_seed004_exercise3.py", [], monkeypatch, capsys)
-    assert out.count("equal values and sharding; hand-written: no collectives") == 3
+    assert out.count("same values, layout; no collectives") == 3
     assert "compiler   C P('x',): 1 all-reduce" in out
     assert "shard_map  C P('x',): 1 all-reduce" in out
     assert "A row-sharded, B C D replicated -> 0 bytes, no collectives" in out

@@ -69,19 +69,14 @@ def _operands(mesh, sa, sb, shape, dtype=np.float32, seed=0):
     return a, b, A, B
 
 
-def _compiled(A, B, algorithm, out, bidi):
-    L = layout_of(A, B)
-    method = fit(L, algorithm, out, bidirectional=bidi)
-    fn = kernel(L, method, jnp.dtype(jnp.result_type(A.dtype, B.dtype)))
-    return method, fn, fn.lower(A, B).compile()
-
-
 @pytest.mark.parametrize("case", range(len(CASES)))
 def test_algorithm_matches_one_device(case, axis_type):
     mesh_name, sa, sb, algorithm, out, bidi, want = CASES[case]
     mesh = _make_mesh(mesh_name, axis_type)
     a, b, A, B = _operands(mesh, sa, sb, SHAPES[case % 2], seed=case)
-    method, _, compiled = _compiled(A, B, algorithm, out, bidi)
+    method, compiled = skm.compile_matmul(
+        A, B, algorithm=algorithm, out_spec=out, bidirectional=bidi
+    )
     C = compiled(A, B)
     ref = a.astype(np.float64) @ b.astype(np.float64)
     # 1. numbers

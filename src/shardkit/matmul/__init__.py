@@ -24,6 +24,7 @@ import types
 from shardkit.matmul._layout import Collective as Collective
 from shardkit.matmul._layout import MatmulLayoutError as MatmulLayoutError
 from shardkit.matmul._layout import Method as Method
+from shardkit.matmul.api import compile_matmul as compile_matmul
 from shardkit.matmul.api import matmul as matmul
 from shardkit.matmul.chain import ChainPlan as ChainPlan
 from shardkit.matmul.chain import chain as chain
@@ -39,6 +40,7 @@ __all__ = [
     "MatmulLayoutError",
     "Method",
     "chain",
+    "compile_matmul",
     "explain",
     "matmul",
 ]

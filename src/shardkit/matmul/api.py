@@ -13,7 +13,7 @@ from shardkit.matmul.collective import build_collective
 from shardkit.matmul.cost import fit
 from shardkit.matmul.summa import build_summa
 
-__all__ = ["kernel", "matmul"]
+__all__ = ["compile_matmul", "kernel", "matmul"]
 
 
 @functools.lru_cache(maxsize=256)
@@ -80,11 +80,39 @@ def matmul(
     return kernel(L, method, jnp.dtype(dtype))(a, b)
 
 
-def compiled_text(a: jax.Array, b: jax.Array, **kwargs) -> str:
-    """Compiled HLO text of ``matmul(a, b, **kwargs)``, to audit its collectives."""
+def compile_matmul(
+    a: jax.Array | jax.ShapeDtypeStruct,
+    b: jax.Array | jax.ShapeDtypeStruct,
+    *,
+    algorithm: str = "auto",
+    out_spec: object = None,
+    bidirectional: bool = False,
+) -> tuple[Method, jax.stages.Compiled]:
+    """The predicted :class:`Method` and the compiled program of ``matmul(a, b, ...)``.
+
+    Use it to audit what an algorithm really runs, without running it.
+
+    Args:
+        a, b: arrays or ``jax.ShapeDtypeStruct`` with NamedShardings, as for :func:`matmul`.
+        algorithm, out_spec, bidirectional: as for :func:`matmul`.
+
+    Returns:
+        ``(method, compiled)``: the prediction (collectives, bytes, peak memory) and the
+        ``jax.stages.Compiled`` program (``.as_text()``, ``.memory_analysis()``).
+
+    Raises:
+        MatmulLayoutError, ValueError: as :func:`matmul`.
+
+    Example:
+        >>> method, compiled = compile_matmul(A, B, algorithm="collective")
+        >>> shardkit.inspect(compiled).counts()["collective-permute"] == method.counts()[
+        ...     "collective-permute"]
+        True
+
+    See also: :func:`shardkit.inspection.inspect`.
+    """
     L = layout_of(a, b)
-    out = kwargs.pop("out_spec", None)
-    out = None if out is None else normalize_spec(out, name="out_spec", mesh=L.mesh)
-    method = fit(L, kwargs.pop("algorithm", "auto"), out, **kwargs)
+    out = None if out_spec is None else normalize_spec(out_spec, name="out_spec", mesh=L.mesh)
+    method = fit(L, algorithm, out, bidirectional=bidirectional)
     dtype = jnp.dtype(jnp.result_type(a.dtype, b.dtype))
-    return kernel(L, method, dtype).lower(a, b).compile().as_text()
+    return method, kernel(L, method, dtype).lower(a, b).compile()

@@ -206,6 +206,8 @@ def fit_reduce_scatter(L: Layout, out: Spec | None) -> Method:
         detail = f"local K-block products, all-reduce over {x!r} (case 3)"
     nat_t: Spec = (nat[0], nat[1])
     peak = L.a_bytes + L.b_bytes + partial_bytes + L.c_bytes(nat_t)
+    if nat_t[1] == x and (am, bn)[1] is None:  # scattering columns transposes the partial sum
+        peak += partial_bytes
     peak += _fix_output(L, nat_t, out, coll, recipe)
     a_used = (am, x)
     b_used = (x, bn)

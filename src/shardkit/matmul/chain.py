@@ -155,8 +155,8 @@ class ChainPlan:
             return f"({name(t[0])}·{name(t[1])})"
 
         lines = [
-            f"chain plan {name(self.tree)} on mesh {dict(self.mesh.shape)}: "
-            f"{self.comm_bytes:,} bytes moved per device, {self.flops:,} FLOPs per device"
+            f"chain plan {name(self.tree)} on mesh {dict(self.mesh.shape)}:",
+            f"  {self.comm_bytes:,} bytes moved per device, {self.flops:,} FLOPs per device",
         ]
         for s in self.steps:
             L, m = s.layout, s.method

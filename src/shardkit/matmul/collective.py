@@ -160,8 +160,8 @@ def fit_collective(L: Layout, out: Spec | None, *, bidirectional: bool = False) 
         "ag_b_cols": "all-gather-matmul: B column blocks travel",
         "ag_a_k": "all-gather-matmul: A K-blocks travel",
         "ag_b_k": "all-gather-matmul: B K-blocks travel",
-        "rs_rows": "matmul-reduce-scatter: partial row blocks of C travel",
-        "rs_cols": "matmul-reduce-scatter: partial column blocks of C travel",
+        "rs_rows": "matmul-reduce-scatter: partial C row blocks travel",
+        "rs_cols": "matmul-reduce-scatter: partial C column blocks travel",
     }[form]
     return Method(
         "collective",
@@ -169,7 +169,7 @@ def fit_collective(L: Layout, out: Spec | None, *, bidirectional: bool = False) 
         coll,
         peak,
         L.flops(a_used, b_used),
-        f"{what}, {ring} ring of {p - 1} steps over {x!r}",
+        f"{what}; {p - 1}-step {ring} ring over {x!r}",
         (form, x, bool(bidirectional), travel_dim[1]),
     )
 
