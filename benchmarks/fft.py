@@ -1,11 +1,12 @@
 """Distributed 3-D FFT: shardkit pencil/slab vs sharded and single-device `jnp.fft.fftn`.
 
 Runs on 8 simulated CPU devices (Auto mesh axes, the only kind jaxDecomp compiles on) and prints,
-per size and mesh, side by side in one run: the median time of each method and its ratio to
-shardkit's natural layout, the collectives in the compiled program, and the per-device
-temporaries as a multiple of the local shard L. jaxDecomp's pure-JAX backend is included when
-`import jaxdecomp` works (`pip install jaxdecomp`). Simulated devices share the CPU cores, so
-only ratios within one run mean anything.
+per size and mesh, side by side in one run: each method's best time over interleaved rounds,
+the speed-up over sharded `jnp.fft.fftn` (fftn/this), the time relative to jaxDecomp
+(this/jaxdecomp, <= 1.0 means at least as fast), the collectives in the compiled program, and
+the per-device temporaries as a multiple of the local shard L. jaxDecomp's pure-JAX backend is
+included when `import jaxdecomp` works (`pip install jaxdecomp`). Simulated devices share the
+CPU cores, so only ratios within one run mean anything.
 
     python benchmarks/fft.py            # 64^3 and 128^3
     python benchmarks/fft.py --big      # also 256^3
@@ -36,17 +37,21 @@ try:
 except Exception:  # noqa: BLE001  (any import failure means "not available")
     jaxdecomp = None
 
-ROUNDS = 7
+ROUNDS = 9
 
 
-def _median_ms(fn, x, rounds=ROUNDS):
-    jax.block_until_ready(fn(x))
-    times = []
+def _interleaved_ms(fns: dict, args: dict, rounds: int = ROUNDS) -> dict:
+    """Best ms of each function over interleaved rounds (load changes hit all alike; the best
+    round is the one least disturbed by other processes sharing the cores)."""
+    for name, fn in fns.items():
+        jax.block_until_ready(fn(args[name]))  # compile and warm up
+    times = {name: [] for name in fns}
     for _ in range(rounds):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn(x))
-        times.append(time.perf_counter() - t0)
-    return 1e3 * float(np.median(times))
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            jax.block_until_ready(fn(args[name]))
+            times[name].append(time.perf_counter() - t0)
+    return {name: 1e3 * min(t) for name, t in times.items()}
 
 
 def _audit(fn, x, local_bytes):
@@ -83,32 +88,29 @@ def run(n: int, mesh_shape: tuple[int, int]) -> None:
     }
     if jaxdecomp is not None:
         methods["jaxdecomp pfft3d (JAX)"] = jax.jit(lambda a: jaxdecomp.fft.pfft3d(a))
-    ref = np.asarray(jax.jit(jnp.fft.fftn)(one))
-    times, audits = {}, {}
-    for _ in range(2):  # two interleaved passes so no method owns a quiet moment of the machine
-        for name, fn in methods.items():
-            times.setdefault(name, []).append(_median_ms(fn, x))
-        times.setdefault("jnp.fft.fftn, 1 device", []).append(
-            _median_ms(jax.jit(jnp.fft.fftn), one)
-        )
+    methods["jnp.fft.fftn, 1 device"] = jax.jit(jnp.fft.fftn)
+    args = {name: (one if "1 device" in name else x) for name in methods}
+    ref = np.asarray(methods["jnp.fft.fftn, 1 device"](one))
+    times = _interleaved_ms(methods, args)
+    audits = {}
     for name, fn in methods.items():
-        audits[name] = _audit(fn, x, local)
+        if "1 device" in name:
+            audits[name] = ("none", float("nan"), 0.0)
+            continue
+        coll, temp = _audit(fn, x, local)
         out = np.asarray(fn(x))
         if "transposed" in name or "jaxdecomp" in name:
             out = np.moveaxis(out, -1, 0)
-        err = np.linalg.norm(out - ref) / np.linalg.norm(ref)
-        audits[name] += (err,)
-    audits["jnp.fft.fftn, 1 device"] = ("none", float("nan"), 0.0)
-    base = min(times[f"shardkit {kind}, natural"])
+        audits[name] = (coll, temp, float(np.linalg.norm(out - ref) / np.linalg.norm(ref)))
+    t_fftn = times["jnp.fft.fftn, sharded"]
+    t_jd = times.get("jaxdecomp pfft3d (JAX)")
     print(f"\n{n}^3 complex64, mesh {mesh_shape} ({kind}), L = {local / 2**20:.2f} MiB per device")
-    print(
-        f"  {'method':30s} {'ms':>8s} {'x shardkit':>10s}  {'collectives':22s} {'temp/L':>7s} "
-        f"{'rel.err':>8s}"
-    )
-    for name in times:
-        t = min(times[name])
+    head = f"  {'method':30s} {'ms':>8s} {'fftn/this':>9s} {'this/jaxdecomp':>14s}"
+    print(f"{head}  {'collectives':14s} {'temp/L':>7s} {'rel.err':>8s}")
+    for name, t in times.items():
         coll, temp, err = audits[name]
-        print(f"  {name:30s} {t:8.1f} {t / base:10.2f}  {coll:22s} {temp:7.2f} {err:8.1e}")
+        vs_jd = f"{t / t_jd:14.2f}" if t_jd else f"{'-':>14s}"
+        print(f"  {name:30s} {t:8.1f} {t_fftn / t:9.2f} {vs_jd}  {coll:14s} {temp:7.2f} {err:8.1e}")
 
 
 def main() -> None:
