@@ -101,14 +101,8 @@ def _tp_ok(params, logical) -> bool:
         return False
     shapes = jax.tree.leaves(params)
     names = jax.tree.structure(params).flatten_up_to(logical)
-    found = False
     for leaf, nm in zip(shapes, names, strict=True):
-        if not nm:
-            continue
         for t in TENSOR_NAMES:
-            if t in nm:
-                found = True
-                if leaf.shape[nm.index(t)] % 2:
-                    return False
-                break
-    return found
+            if nm and t in nm and leaf.shape[nm.index(t)] % 2 == 0:
+                return True  # dims 2 does not divide stay replicated (shown in the layout table)
+    return False

@@ -139,6 +139,8 @@ class Trainer:
         )
         self._compiled: dict = {}
         self._init = None
+        if batch_size is not None and batch_size % self.batch_divisor():
+            self.place_batch({"x": np.zeros((batch_size, 1))})  # raises BatchSizeError
 
     # -- layouts --------------------------------------------------------------------------
     def _named(self, specs):
@@ -146,24 +148,26 @@ class Trainer:
             lambda s: NamedSharding(self.mesh, s), specs, is_leaf=lambda x: isinstance(x, P)
         )
 
-    def batch_sharding(self, batch: Mapping[str, Any]) -> dict:
+    def batch_sharding(self, batch: Mapping[str, Any], *, micro: bool = True) -> dict:
         """NamedShardings for a batch dict (leading dim split; micro-batch dim first if any)."""
         out = {}
         for key, value in batch.items():
-            spec = self.strategy.batch_spec(self.mesh, np.ndim(value))
-            if self.grad_accum > 1:
+            spec = self.strategy.batch_spec(
+                self.mesh, np.ndim(value) - (self.grad_accum > 1 and micro)
+            )
+            if self.grad_accum > 1 and micro:
                 spec = P(None, *spec)
             out[key] = NamedSharding(self.mesh, spec)
         return out
 
-    def batch_divisor(self) -> int:
+    def batch_divisor(self, *, micro: bool = True) -> int:
         """The number every global batch size must be a multiple of."""
         split = 1
         for axis in self.strategy.batch_axes(self.mesh):
             split *= self.mesh.shape[axis]
-        return split * self.grad_accum
+        return split * (self.grad_accum if micro else 1)
 
-    def place_batch(self, batch: Mapping[str, Any]) -> dict:
+    def place_batch(self, batch: Mapping[str, Any], *, for_eval: bool = False) -> dict:
         """Places a host batch (dict of NumPy arrays, batch dim first) on the mesh.
 
         Uses `jax.make_array_from_process_local_data`, so each process passes only its rows
@@ -178,20 +182,21 @@ class Trainer:
         if len(sizes) != 1:
             raise BatchSizeError(f"batch arrays have different leading sizes {sorted(sizes)}.")
         size = sizes.pop()
-        div = self.batch_divisor()
+        micro = self.grad_accum > 1 and not for_eval
+        div = self.batch_divisor(micro=micro)
         if size % div:
             axes = {a: self.mesh.shape[a] for a in self.strategy.batch_axes(self.mesh)}
             raise BatchSizeError(
                 f"batch size {size} is not divisible by {div} (mesh axes {axes} that split the "
-                f"batch x grad_accum={self.grad_accum}); fix: use a batch size that is a "
-                f"multiple of {div}, e.g. {max(div, size // div * div)}."
+                f"batch x grad_accum={self.grad_accum if micro else 1}); fix: use a batch size "
+                f"that is a multiple of {div}, e.g. {max(div, size // div * div)}."
             )
-        if self.grad_accum > 1:
+        if micro:
             batch = {
                 k: np.reshape(v, (self.grad_accum, size // self.grad_accum) + np.shape(v)[1:])
                 for k, v in batch.items()
             }
-        shardings = self.batch_sharding(batch)
+        shardings = self.batch_sharding(batch, micro=micro)
         return {
             k: jax.make_array_from_process_local_data(shardings[k], np.asarray(v))
             for k, v in batch.items()
@@ -284,9 +289,24 @@ class Trainer:
             self._compiled[key] = jitted.lower(self.abstract_state, abstract_batch).compile()
         return self._compiled[key]
 
+    def evaluate(self, params: Any, batch: Mapping[str, Any]) -> dict:
+        """Loss and metrics of `params` on a batch placed with `place_batch(..., for_eval=True)`."""
+        key = ("eval",) + tuple(sorted((k, tuple(np.shape(v))) for k, v in batch.items()))
+        if key not in self._compiled:
+            self._compiled[key] = jax.jit(
+                lambda p, b: _merge_metrics(self._loss(p, b)),
+                out_shardings=NamedSharding(self.mesh, P()),
+            )
+        return self._compiled[key](params, dict(batch))
+
     def step(self, state: TrainState, batch: Mapping[str, Any]):
         """Runs one training step; `state` is donated. Returns (new_state, metrics)."""
         return self.compile_step(batch)(state, dict(batch))
+
+
+def _merge_metrics(out):
+    loss, metrics = out
+    return {"loss": loss, **metrics}
 
 
 def _params_of(model):

@@ -1,0 +1,80 @@
+"""`shardkit train`: flags and dispatch. Imports nothing heavy until `run` is called."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+# flag -> (config key, type, help); defaults live in TrainConfig so a TOML file can set them
+_FLAGS = [
+    ("--steps", "steps", int, "training steps (default 300)"),
+    ("--batch", "batch", int, "global batch size (default 64)"),
+    ("--lr", "lr", float, "peak learning rate of the warmup-cosine schedule (default 3e-3)"),
+    ("--grad-accum", "grad_accum", int, "micro-batches per step (default 1)"),
+    ("--precision", "precision", str, "float32 or bfloat16 (bf16 compute, fp32 master)"),
+    ("--d-model", "d_model", int, "GPT width (default 64)"),
+    ("--layers", "n_layers", int, "GPT blocks, stacked and scanned (default 2)"),
+    ("--heads", "n_heads", int, "attention heads (default 4)"),
+    ("--remat", "remat", str, "none, block or dots (rematerialisation policy)"),
+    ("--data", "data", str, "token file (.npy ids or raw bytes); default: synthetic reversal"),
+    ("--length", "length", int, "reversal task: digits per sequence (default 8)"),
+    ("--strategy", "strategy", str, "auto, dp, fsdp, zero1, tp or hybrid (default auto)"),
+    ("--axis-types", "axis_types", str, "mesh axis types: auto or explicit (default auto)"),
+    ("--devices", "devices", int, "devices to use; on CPU, simulated devices (default 8)"),
+    ("--seed", "seed", int, "initialisation and data seed (default 0)"),
+    ("--out", "out", str, "output folder for the report (default shardkit-train)"),
+    ("--checkpoint-dir", "checkpoint_dir", str, "checkpoint folder (default <out>/checkpoints)"),
+    ("--save-every", "save_every", int, "checkpoint every N steps (default 100)"),
+    ("--keep", "keep", int, "checkpoints to keep (default 3)"),
+    ("--log-every", "log_every", int, "metrics every N steps (default 10)"),
+]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Adds the `shardkit train` flags to `parser` (every flag can also be set in TOML)."""
+    parser.description = (
+        "Train a GPT with a parallel strategy on a device mesh. With no flags: the synthetic "
+        "reversal task on 8 simulated CPU devices, strategy chosen automatically; prints the "
+        "plan, layouts, a progress bar and an audit, writes checkpoints and an HTML report."
+    )
+    parser.add_argument("--config", help="TOML file with any of these settings")
+    parser.add_argument(
+        "--mesh", help="mesh axis sizes, e.g. data=4,tensor=2 (axes: data, fsdp, tensor)"
+    )
+    for flag, key, kind, text in _FLAGS:
+        parser.add_argument(flag, dest=key, type=kind, default=None, help=text)
+    parser.add_argument(
+        "--resume", dest="resume", action="store_true", default=None,
+        help="continue from the latest checkpoint in the checkpoint folder",
+    )  # fmt: skip
+    parser.add_argument("--no-report", dest="report", action="store_false", default=None)
+    parser.add_argument("--quiet", action="store_true", help="print only the final line")
+
+
+def config_from_args(args: argparse.Namespace):
+    """The `TrainConfig` for parsed flags (TOML file first, then flags)."""
+    from shardkit.train.config import load
+
+    overrides = {key: getattr(args, key, None) for _, key, _, _ in _FLAGS}
+    overrides["resume"] = getattr(args, "resume", None)
+    overrides["report"] = getattr(args, "report", None)
+    if getattr(args, "mesh", None):
+        from shardkit.cli import parse_mesh_arg
+
+        overrides["mesh"] = parse_mesh_arg(args.mesh)
+    return load(getattr(args, "config", None), overrides)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Runs `shardkit train`; returns 0 on success (1 if the audit found unexpected
+    collectives)."""
+    cfg = config_from_args(args)
+    if os.environ.get("JAX_PLATFORMS", "cpu") in ("", "cpu"):
+        from shardkit.mesh import _backend_started, simulate_cpu_devices
+
+        if not _backend_started():
+            simulate_cpu_devices(cfg.devices)
+    from shardkit.train.run import train
+
+    result = train(cfg, quiet=bool(getattr(args, "quiet", False)))
+    return 1 if result.collective_problems else 0

@@ -1,0 +1,101 @@
+"""Training metrics: history, throughput, an MFU estimate, and a rich progress bar."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any
+
+
+@dataclasses.dataclass
+class History:
+    """Per-log-interval records: step, loss, accuracy, seconds per step, tokens per second."""
+
+    rows: list[dict[str, float]] = dataclasses.field(default_factory=list)
+
+    def add(self, **row: float) -> None:
+        self.rows.append(dict(row))
+
+    def column(self, name: str) -> list[float]:
+        return [r[name] for r in self.rows if name in r]
+
+    def last(self, name: str, default: float = float("nan")) -> float:
+        col = self.column(name)
+        return col[-1] if col else default
+
+
+def host_matmul_flops(n: int = 512, repeats: int = 5) -> float:
+    """Measured FLOP/s of an n x n float32 matmul on the first device (best of `repeats`).
+
+    Simulated CPU devices share the host's cores, so this measured rate is the peak the MFU
+    estimate divides by on CPU; on accelerators pass the datasheet peak instead.
+    """
+    import jax
+    import jax.numpy as jnp
+
+    x = jax.device_put(jnp.ones((n, n), jnp.float32), jax.devices()[0])
+    f = jax.jit(lambda a: a @ a)
+    f(x).block_until_ready()
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        f(x).block_until_ready()
+        best = min(best, time.perf_counter() - t0)
+    return 2 * n**3 / best
+
+
+class Progress:
+    """A rich progress bar showing step, loss, accuracy, tokens/s and ETA (or plain lines).
+
+    Args:
+        total: steps to run.
+        start: first step (when resuming).
+        console: a `rich.console.Console`; None prints plain text lines instead.
+    """
+
+    def __init__(self, total: int, *, start: int = 0, console: Any = None):
+        self.total, self.console = total, console
+        self._bar = None
+        if console is not None:
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                TextColumn,
+                TimeElapsedColumn,
+                TimeRemainingColumn,
+            )
+            from rich.progress import Progress as RichProgress
+
+            self._bar = RichProgress(
+                TextColumn("[bold]train"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("{task.fields[stats]}"),
+                TimeElapsedColumn(),
+                TextColumn("ETA"),
+                TimeRemainingColumn(),
+                console=console,
+            )
+            self._task = self._bar.add_task("train", total=total, completed=start, stats="")
+
+    def __enter__(self):
+        if self._bar is not None:
+            self._bar.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        if self._bar is not None:
+            self._bar.__exit__(*exc)
+
+    def update(self, step: int, **stats: float) -> None:
+        text = "  ".join(_fmt(k, v) for k, v in stats.items())
+        if self._bar is not None:
+            self._bar.update(self._task, completed=step, stats=text)
+        else:
+            print(f"step {step}/{self.total}  {text}", flush=True)
+
+
+def _fmt(key: str, value: float) -> str:
+    if key in ("tok/s",):
+        return f"{key} {value:,.0f}"
+    return f"{key} {value:.4f}" if abs(value) < 100 else f"{key} {value:,.1f}"

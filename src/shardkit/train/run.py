@@ -1,0 +1,367 @@
+"""The body of `shardkit train`: plan, layouts, training with progress, audit, report.
+
+`train(config)` is importable for scripts and tests; `shardkit.train.command` only parses flags.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import pathlib
+import time
+from typing import Any
+
+from shardkit.train.config import TrainConfig
+
+
+@dataclasses.dataclass
+class RunResult:
+    """What a run produced: final metrics, evaluation accuracy, paths and audit findings."""
+
+    steps: int
+    final_loss: float
+    eval_accuracy: float
+    eval_loss: float
+    tokens_per_s: float
+    report: pathlib.Path | None
+    checkpoint_dir: pathlib.Path
+    collective_problems: list[str]
+    strategy: Any
+    mesh_axes: dict[str, int]
+    params: Any = None
+
+
+def _devices(cfg: TrainConfig):
+    import jax
+
+    devices = jax.devices()
+    if len(devices) < cfg.devices:
+        raise ValueError(
+            f"devices={cfg.devices} requested but JAX sees {len(devices)} "
+            f"({jax.default_backend()}); fix: --devices {len(devices)}, or on CPU start a fresh "
+            "process (the simulated device count is fixed when JAX starts)."
+        )
+    return devices[: cfg.devices]
+
+
+def _data(cfg: TrainConfig):
+    from shardkit.train.data import ReverseTask, TokenFile
+
+    if cfg.data:
+        return TokenFile(path=cfg.data, seq_len=cfg.seq_len, seed=cfg.seed)
+    return ReverseTask(digits=cfg.digits, length=cfg.length, seed=cfg.seed)
+
+
+def build_trainer(cfg: TrainConfig, devices=None):
+    """The `Trainer`, data source and model config `shardkit train` uses for `cfg`."""
+    import optax
+    from flax import nnx
+
+    from shardkit.models import GPT, GPTConfig, lm_loss
+    from shardkit.strategies import from_name
+    from shardkit.train.trainer import Trainer
+
+    data = _data(cfg)
+    model_cfg = GPTConfig(
+        vocab=data.vocab,
+        d_model=cfg.d_model,
+        n_layers=cfg.n_layers,
+        n_heads=cfg.n_heads,
+        d_ff=cfg.d_ff,
+        seq_len=data.seq_len,
+        remat=cfg.remat,
+    )
+    schedule = optax.warmup_cosine_decay_schedule(
+        0.0, cfg.lr, min(cfg.warmup, cfg.steps), max(cfg.steps, 1), cfg.lr / 10
+    )
+    strategy = from_name(cfg.strategy, mesh=cfg.mesh)
+    trainer = Trainer(
+        lambda key: GPT(model_cfg, rngs=nnx.Rngs(key)),
+        optax.adamw(schedule, weight_decay=cfg.weight_decay),
+        lm_loss,
+        strategy=strategy,
+        devices=devices,
+        axis_types=cfg.axis_types,
+        grad_accum=cfg.grad_accum,
+        compute_dtype=cfg.precision,
+        batch_size=cfg.batch,
+    )
+    return trainer, data, model_cfg
+
+
+def layout_rows(trainer) -> list[dict[str, Any]]:
+    """One row per parameter: path, shape, logical names, layout, bytes per device."""
+    import jax
+
+    from shardkit.layout import format_bytes, spec_notation
+    from shardkit.strategies.core import _path_str
+
+    sizes = dict(trainer.mesh.shape)
+    flat = jax.tree_util.tree_flatten_with_path(trainer.abstract_params)[0]
+    specs = jax.tree.leaves(trainer.param_specs, is_leaf=lambda x: isinstance(x, tuple))
+    names = (
+        jax.tree.structure(trainer.abstract_params).flatten_up_to(trainer.logical)
+        if trainer.logical is not None
+        else [None] * len(flat)
+    )
+    rows = []
+    for (path, leaf), spec, logical in zip(flat, specs, names, strict=True):
+        split = math.prod(
+            sizes[a] for e in spec if e for a in (e if isinstance(e, tuple) else (e,))
+        )
+        rows.append(
+            {
+                "parameter": _path_str(path),
+                "shape": "x".join(map(str, leaf.shape)),
+                "logical": ",".join(str(n) for n in logical) if logical else "-",
+                "layout": spec_notation(leaf.shape, spec, name=""),
+                "bytes/device": format_bytes(math.prod(leaf.shape) * leaf.dtype.itemsize // split),
+            }
+        )
+    return rows
+
+
+def _print_table(console, rows, title):
+    from rich.table import Table
+
+    table = Table(title=title, title_justify="left", show_lines=False)
+    for col in rows[0]:
+        table.add_column(col, justify="right" if "bytes" in col else "left")
+    for r in rows:
+        table.add_row(*(str(v) for v in r.values()))
+    console.print(table)
+
+
+def audit_step(trainer, compiled) -> tuple[list[dict], list[str], list[dict], Any]:
+    """Compares the compiled step's collectives with the strategy's; reads memory per device."""
+    from shardkit.inspection.hlo import collective_counts
+    from shardkit.layout import format_bytes
+
+    counts = collective_counts(compiled.as_text())
+    expected = trainer.strategy.expected_collectives(trainer.mesh)
+    problems = expected.check(counts)
+    report = None
+    try:
+        from shardkit.inspection import inspect
+
+        report = inspect(compiled, mesh=trainer.mesh)
+    except Exception:  # noqa: BLE001 - the detailed audit is optional; counts suffice
+        report = None
+    present = {k for k, n in counts.items() if n}
+    missing = {" or ".join(sorted(g)) for g in expected.required if not present & g}
+    rows = []
+    for kind in sorted(present | missing):
+        n = counts.get(kind, 0)
+        status = "expected" if kind in expected.allowed else "UNEXPECTED"
+        by_kind = report.by_kind().get(kind, {}) if report is not None else {}
+        rows.append(
+            {
+                "collective": kind,
+                "in compiled step": n,
+                "bytes/device/step": format_bytes(by_kind["bytes"]) if by_kind else "-",
+                "strategy": status if n else "MISSING",
+            }
+        )
+    mem = compiled.memory_analysis()
+    memory = []
+    if mem is not None:
+        for label, attr in (
+            ("arguments (state + batch)", "argument_size_in_bytes"),
+            ("outputs", "output_size_in_bytes"),
+            ("aliased (donated)", "alias_size_in_bytes"),
+            ("temporaries (activations, gathered params)", "temp_size_in_bytes"),
+        ):
+            memory.append({"memory per device": label, "bytes": format_bytes(getattr(mem, attr))})
+    return rows, problems, memory, report
+
+
+def _fresh_checkpoints(cfg: TrainConfig, say) -> None:
+    """Without --resume, old checkpoints would collide with the new run's steps."""
+    import shutil
+
+    folder = pathlib.Path(cfg.checkpoints)
+    if cfg.resume or not folder.exists() or not any(folder.iterdir()):
+        return
+    if cfg.checkpoint_dir is None:  # our own default folder under --out: replace it
+        shutil.rmtree(folder)
+        say(f"[bold]fresh[/]    removed the previous run's checkpoints in {folder}")
+        return
+    raise ValueError(
+        f"checkpoint folder {folder} already holds checkpoints; fix: add --resume to continue "
+        "from them, or pass another --checkpoint-dir."
+    )
+
+
+def train(cfg: TrainConfig, *, console: Any = None, quiet: bool = False) -> RunResult:
+    """Runs `shardkit train` for `cfg`: plan, layouts, training, audit, checkpoints, report.
+
+    Args:
+        cfg: a `TrainConfig`.
+        console: a rich Console (default a new one); output goes there.
+        quiet: print only the final summary (no tables or progress bar).
+
+    Returns:
+        A `RunResult`.
+    """
+    import jax
+    from rich.console import Console
+
+    from shardkit.linter import lint
+    from shardkit.mesh import describe_mesh
+    from shardkit.train.checkpoint import Checkpointer
+    from shardkit.train.metrics import History, Progress, host_matmul_flops
+    from shardkit.train.report import write_report
+
+    jax.config.update("jax_threefry_partitionable", True)
+    console = console or Console()
+    say = (lambda *a, **k: None) if quiet else console.print
+    devices = _devices(cfg)
+    trainer, data, model_cfg = build_trainer(cfg, devices)
+    mesh = trainer.mesh
+    why = trainer.strategy_reason or f"chosen with --strategy {cfg.strategy}"
+    say(f"[bold]devices[/]  {len(devices)} x {devices[0].device_kind} ({jax.default_backend()})")
+    say(f"[bold]mesh[/]     {describe_mesh(mesh)}")
+    say(f"[bold]strategy[/] {trainer.strategy.describe(mesh)}")
+    say(f"[bold]why[/]      {why}")
+    n_params = sum(math.prod(x.shape) for x in jax.tree.leaves(trainer.abstract_params))
+    say(
+        f"[bold]model[/]    GPT d_model={model_cfg.d_model} layers={model_cfg.n_layers} "
+        f"heads={model_cfg.n_heads} d_ff={model_cfg.ff} vocab={model_cfg.vocab} "
+        f"seq={model_cfg.seq_len} remat={model_cfg.remat}: {n_params:,} parameters"
+    )
+    rows = layout_rows(trainer)
+    report_lint = lint(trainer.abstract_params, trainer.param_specs, mesh)
+    if not quiet:
+        _print_table(console, rows, "parameter layouts")
+        say(report_lint.summary())
+
+    _fresh_checkpoints(cfg, say)
+    ckpt = Checkpointer(cfg.checkpoints, save_every=cfg.save_every, max_to_keep=cfg.keep)
+    meta = {"model": dataclasses.asdict(model_cfg), "strategy": repr(trainer.strategy)}
+    if cfg.resume and ckpt.latest_step() is not None:
+        state = ckpt.restore(trainer)
+        say(f"[bold]resumed[/]  step {int(state.step)} from {ckpt.directory}")
+    else:
+        state = trainer.init(cfg.seed)
+    start = int(jax.device_get(state.step))
+
+    t0 = time.perf_counter()
+    first = trainer.place_batch(data.batch(start, batch_size=cfg.batch))
+    compiled = trainer.compile_step(first)
+    compile_s = time.perf_counter() - t0
+    say(f"[bold]compiled[/] training step in {compile_s:.1f} s")
+
+    history = History()
+    tokens_per_step = cfg.batch * model_cfg.seq_len
+    metrics = {}
+    window_t, window_n = time.perf_counter(), 0
+    with Progress(cfg.steps, start=start, console=None if quiet else console) as bar:
+        for step in range(start, cfg.steps):
+            batch = (
+                first
+                if step == start
+                else trainer.place_batch(data.batch(step, batch_size=cfg.batch))
+            )
+            state, metrics = trainer.step(state, batch)
+            window_n += 1
+            done = step + 1
+            ckpt.save(state, meta=meta)
+            if done % cfg.log_every == 0 or done == cfg.steps:
+                m = {k: float(v) for k, v in jax.device_get(metrics).items()}
+                dt = (time.perf_counter() - window_t) / window_n
+                window_t, window_n = time.perf_counter(), 0
+                history.add(step=done, step_time=dt, tokens_per_s=tokens_per_step / dt, **m)
+                bar.update(
+                    done,
+                    loss=m["loss"],
+                    acc=m.get("accuracy", float("nan")),
+                    **{"tok/s": tokens_per_step / dt},
+                )
+    ckpt.save(state, meta=meta, force=int(jax.device_get(state.step)) not in ckpt.all_steps())
+    ckpt.wait()
+
+    evals = [
+        trainer.evaluate(
+            state.params,
+            trainer.place_batch(data.batch(10**9 + i, batch_size=cfg.batch), for_eval=True),
+        )
+        for i in range(cfg.eval_batches)
+    ]
+    eval_acc = float(sum(float(e.get("accuracy", 0.0)) for e in evals) / len(evals))
+    eval_loss = float(sum(float(e["loss"]) for e in evals) / len(evals))
+
+    coll_rows, problems, memory, audit = audit_step(trainer, compiled)
+    if not quiet:
+        _print_table(console, coll_rows, "audit: collectives of the compiled step")
+        say(
+            "[green]collectives match the strategy[/]"
+            if not problems
+            else "[red]" + "; ".join(problems) + "[/]"
+        )
+        _print_table(console, memory, "audit: memory per device (compiled step)")
+
+    tok_s = sorted(history.column("tokens_per_s"))[len(history.rows) // 2] if history.rows else 0.0
+    peak = host_matmul_flops() if jax.default_backend() == "cpu" else float("nan")
+    achieved = model_cfg.flops_per_token() * tok_s
+    summary = {
+        "steps": cfg.steps,
+        "final training loss": f"{history.last('loss'):.4f}",
+        "held-out accuracy": f"{eval_acc:.3f}",
+        "held-out loss": f"{eval_loss:.4f}",
+        "tokens/s (median)": f"{tok_s:,.0f}",
+        "model FLOP/s": f"{achieved:,.3g}",
+        "MFU estimate": f"{achieved / peak:.1%} of measured host matmul peak {peak:.3g} FLOP/s"
+        if math.isfinite(peak)
+        else "n/a (pass the accelerator peak)",
+        "compile time": f"{compile_s:.1f} s",
+        "checkpoints": f"{ckpt.directory} steps {ckpt.all_steps()}",
+    }
+    report_path = None
+    if cfg.report:
+        report_path = write_report(
+            cfg.out,
+            summary=summary,
+            plan={
+                "devices": f"{len(devices)} x {devices[0].device_kind}",
+                "mesh": describe_mesh(mesh),
+                "strategy": trainer.strategy.describe(mesh),
+                "why": why,
+                "expected collectives": "; ".join(
+                    f"{' or '.join(sorted(g))}: {w}"
+                    for g, w in zip(
+                        trainer.strategy.expected_collectives(mesh).required,
+                        trainer.strategy.expected_collectives(mesh).why,
+                        strict=True,
+                    )
+                )
+                or "none",
+            },
+            layout_rows=rows,
+            lint_summary=report_lint.summary(),
+            collective_rows=coll_rows,
+            collective_problems=problems,
+            memory_rows=memory,
+            history=history,
+            audit_html=audit.to_html() if audit is not None else None,
+            config=cfg.to_dict(),
+        )
+        (pathlib.Path(cfg.out) / "summary.json").write_text(json.dumps(summary, indent=1))
+    ckpt.close()
+    console.print(
+        f"[bold]done[/]     loss {history.last('loss'):.4f}, held-out accuracy {eval_acc:.3f}, "
+        f"{tok_s:,.0f} tokens/s" + (f"; report {report_path}" if report_path else "")
+    )
+    return RunResult(
+        steps=cfg.steps,
+        final_loss=history.last("loss"),
+        eval_accuracy=eval_acc,
+        eval_loss=eval_loss,
+        tokens_per_s=tok_s,
+        report=report_path,
+        checkpoint_dir=ckpt.directory,
+        collective_problems=problems,
+        strategy=trainer.strategy,
+        mesh_axes=dict(mesh.shape),
+        params=state.params,
+    )
