@@ -17,17 +17,10 @@ matmul's overlap cannot show on shared CPU cores. Bytes and peak memory are exac
 Run: ``python benchmarks/matmul.py [--sizes 1024 2048 4096] [--rounds 3]``.
 """
 
+import argparse
 import os
-import sys
-
-# Run as a script, this folder comes first on sys.path, where a sibling named like a standard
-# module (benchmarks/inspect.py) would shadow it for numpy and jax: drop the folder.
-if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(__file__)):
-    sys.path.pop(0)
-
-import argparse  # noqa: E402
-import statistics  # noqa: E402
-import time  # noqa: E402
+import statistics
+import time
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 
@@ -111,6 +104,7 @@ def bench(n: int, rounds: int) -> None:
         fns = {"one device": one}
         args = {"one device": (a0, b0)}
         info = {"one device": (0, one_peak)}
+        jit_of = {}  # algorithm label -> the jit row with the same output sharding
         for label, algorithm, out, bidi in algos:
             try:
                 method = fit(L, algorithm, out, bidirectional=bidi)
@@ -127,9 +121,10 @@ def bench(n: int, rounds: int) -> None:
                     x, y, out_sharding=s, precision=lax.Precision.HIGHEST
                 )
             )
-            gc = g.lower(A, B).compile()
             key = f"jit -> {P(*out)}"
+            jit_of[label] = key
             if key not in fns:
+                gc = g.lower(A, B).compile()
                 fns[key], args[key] = gc, (A, B)
                 info[key] = (inspect(gc).total_bytes, _peak(gc))
         times = _time(fns, args, rounds)
@@ -140,16 +135,7 @@ def bench(n: int, rounds: int) -> None:
             f"{'bytes/dev':>14}{'peak/dev':>14}"
         )
         for name in fns:
-            jit_key = next(
-                (
-                    k
-                    for k in fns
-                    if k.startswith("jit")
-                    and name in [lb for lb, *_ in algos]
-                    and k == f"jit -> {P(*dict((x[0], x[2]) for x in algos)[name])}"
-                ),
-                None,
-            )
+            jit_key = jit_of.get(name)
             vs_jit = f"{times[name] / times[jit_key]:.2f}" if jit_key else "-"
             nbytes, peak = info[name]
             print(

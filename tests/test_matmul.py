@@ -48,6 +48,10 @@ CASES = [
     ("2x4", ("x", "y"), ("y", None), "reduce_scatter", ("x", None), False, ("x", None)),
     ("4x2", ("x", "y"), ("y", None), "collective", None, True, ("x", "y")),
     ("2x4", ("x", "y"), ("y", None), "gspmd", ("x", None), False, ("x", None)),
+    ("2x4", ("x", "y"), ("y", None), "collective", ("x", "y"), False, ("x", "y")),
+    ("2x4", ("y", None), (None, "y"), "collective", None, True, (None, "y")),
+    ("4x2", ("x", "y"), ("y", None), "allgather", ("x", None), False, ("x", None)),
+    ("4x2", ("x", "y"), ("x", "y"), "gspmd", ("x", "y"), False, ("x", "y")),
     ("4x2", ("x", None), (None, "y"), "auto", None, False, ("x", "y")),
     ("2x4", ("y", "x"), ("x", None), "auto", None, False, ("y", "x")),
 ]
@@ -69,11 +73,12 @@ def _operands(mesh, sa, sb, shape, dtype=np.float32, seed=0):
     return a, b, A, B
 
 
+@pytest.mark.parametrize("shape", SHAPES, ids=["square", "rect"])
 @pytest.mark.parametrize("case", range(len(CASES)))
-def test_algorithm_matches_one_device(case, axis_type):
+def test_algorithm_matches_one_device(case, shape, axis_type):
     mesh_name, sa, sb, algorithm, out, bidi, want = CASES[case]
     mesh = _make_mesh(mesh_name, axis_type)
-    a, b, A, B = _operands(mesh, sa, sb, SHAPES[case % 2], seed=case)
+    a, b, A, B = _operands(mesh, sa, sb, shape, seed=case)
     method, compiled = skm.compile_matmul(
         A, B, algorithm=algorithm, out_spec=out, bidirectional=bidi
     )
@@ -127,6 +132,7 @@ def test_second_call_does_not_recompile():
     [
         ("8", (None, "x"), ("x", None), "collective"),
         ("8", ("x", None), (None, "x"), "collective"),
+        ("8", ("x", None), ("x", None), "allgather"),
         ("2x4", ("x", "y"), ("x", "y"), "summa"),
         ("4x2", ("x", "y"), ("y", None), "reduce_scatter"),
     ],
