@@ -40,7 +40,7 @@ from jax.sharding import NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 from shardkit.inspection.hlo import collective_counts  # noqa: E402
-from shardkit.lint import lint  # noqa: E402  (direct: once imported, sk.lint names the module)
+from shardkit.linter import lint  # noqa: E402
 
 
 def section(title: str) -> None:
@@ -302,10 +302,10 @@ report("way 3, shard_map + psum", shard_map_layer(mesh), *in_order(placed))
 # arr.devices(): {CpuDevice(id=0)}
 # arr.sharding: SingleDeviceSharding(device=CpuDevice(id=0), memory_kind=device)
 # arr: f32[4,8]
-#        B 0:8
-#       +------+
-# A 0:4 |cpu 0 |
-#       +------+
+#         B 0:8
+#       +-------+
+# A 0:4 | cpu 0 |
+#       +-------+
 #
 # == 2. NamedSharding on a 2x4 mesh
 # Mesh(x=2, y=4; explicit; 8 devices cpu:0-7, 1 process)
@@ -321,12 +321,12 @@ report("way 3, shard_map + psum", shard_map_layer(mesh), *in_order(placed))
 #  [16. 17. 18. 19. 20. 21. 22. 23.]
 #  [24. 25. 26. 27. 28. 29. 30. 31.]]
 # arr_sharded: f32[4,8]  arr_sharded[A_x, B_y]  mesh x=2, y=4
-#        B 0:2  B 2:4  B 4:6  B 6:8
-#       +------+------+------+------+
-# A 0:2 |cpu 0 |cpu 1 |cpu 2 |cpu 3 |
-#       +------+------+------+------+
-# A 2:4 |cpu 4 |cpu 5 |cpu 6 |cpu 7 |
-#       +------+------+------+------+
+#         B 0:2   B 2:4   B 4:6   B 6:8
+#       +-------+-------+-------+-------+
+# A 0:2 | cpu 0 | cpu 1 | cpu 2 | cpu 3 |
+#       +-------+-------+-------+-------+
+# A 2:4 | cpu 4 | cpu 5 | cpu 6 | cpu 7 |
+#       +-------+-------+-------+-------+
 #
 # == 3. jit follows the data
 # [auto] f_elementwise: shardings match: True
@@ -334,25 +334,25 @@ report("way 3, shard_map + psum", shard_map_layer(mesh), *in_order(placed))
 # [auto] f_contract: spec P('y',), value [48. 52. 56. 60. 64. 68. 72. 76.]
 # [explicit] f_contract: spec P('y',), value [48. 52. 56. 60. 64. 68. 72. 76.]
 # sum0: f32[8]  sum0[A_y]  mesh x=2, y=4
-#     A 0:2         A 2:4         A 4:6         A 6:8
-# +-------------+-------------+-------------+-------------+
-# | cpu 0, cpu 4| cpu 1, cpu 5| cpu 2, cpu 6| cpu 3, cpu 7|
-# +-------------+-------------+-------------+-------------+
+#      A 0:2          A 2:4          A 4:6          A 6:8
+# +--------------+--------------+--------------+--------------+
+# | cpu 0, cpu 4 | cpu 1, cpu 5 | cpu 2, cpu 6 | cpu 3, cpu 7 |
+# +--------------+--------------+--------------+--------------+
 #
 # == 4. with_sharding_constraint: a fully sharded sum
 # [auto] spec P('x',), value [48. 52. 56. 60. 64. 68. 72. 76.]
 # sum0: f32[8]  sum0[A_x]  mesh x=8
-#  A 0:1  A 1:2  A 2:3  A 3:4  A 4:5  A 5:6  A 6:7  A 7:8
-# +------+------+------+------+------+------+------+------+
-# |cpu 0 |cpu 1 |cpu 2 |cpu 3 |cpu 4 |cpu 5 |cpu 6 |cpu 7 |
-# +------+------+------+------+------+------+------+------+
+#   A 0:1   A 1:2   A 2:3   A 3:4   A 4:5   A 5:6   A 6:7   A 7:8
+# +-------+-------+-------+-------+-------+-------+-------+-------+
+# | cpu 0 | cpu 1 | cpu 2 | cpu 3 | cpu 4 | cpu 5 | cpu 6 | cpu 7 |
+# +-------+-------+-------+-------+-------+-------+-------+-------+
 # [explicit] with_sharding_constraint -> ValueError: The spec of NamedSharding passed to with_sharding_constraint can only refer to Auto axes of the mesh.
 # [explicit] reshard: spec P(('x', 'y'),), value [48. 52. 56. 60. 64. 68. 72. 76.]
 # sum0: f32[8]  sum0[A_{x,y}]  mesh x=2, y=4
-#  A 0:1  A 1:2  A 2:3  A 3:4  A 4:5  A 5:6  A 6:7  A 7:8
-# +------+------+------+------+------+------+------+------+
-# |cpu 0 |cpu 1 |cpu 2 |cpu 3 |cpu 4 |cpu 5 |cpu 6 |cpu 7 |
-# +------+------+------+------+------+------+------+------+
+#   A 0:1   A 1:2   A 2:3   A 3:4   A 4:5   A 5:6   A 6:7   A 7:8
+# +-------+-------+-------+-------+-------+-------+-------+-------+
+# | cpu 0 | cpu 1 | cpu 2 | cpu 3 | cpu 4 | cpu 5 | cpu 6 | cpu 7 |
+# +-------+-------+-------+-------+-------+-------+-------+-------+
 #
 # == 5. shard_map
 # global shape: x.shape=(32,)
@@ -370,7 +370,7 @@ report("way 3, shard_map + psum", shard_map_layer(mesh), *in_order(placed))
 #
 # == 6. three ways to shard a layer
 # single device: [0.0214 0.8931 0.5989 0.9774]
-# lint: 3 leaves, 656 B total, 96 B per device, 16.7% of per-device bytes replicated, 0 errors, 0 warnings
+# lint: 3 leaves, 656 B total, 96 B per device, 16.7% of per-device bytes fully replicated, 14.6% of all device memory holds copies, 0 errors, 0 warnings
 # -- Mesh(x=8; auto; 8 devices cpu:0-7, 1 process)
 # way 1, sharded inputs: [0.0214 0.8931 0.5989 0.9774]  [all-reduce x1]
 #   matches single device: True

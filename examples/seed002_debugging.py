@@ -33,7 +33,7 @@ from jax.sharding import PartitionSpec as P  # noqa: E402
 
 from shardkit.inspection.hlo import collective_counts  # noqa: E402
 from shardkit.layout import format_rows  # noqa: E402
-from shardkit.lint import lint  # noqa: E402  (direct: once imported, sk.lint names the module)
+from shardkit.linter import lint  # noqa: E402
 
 
 def section(title: str) -> None:
@@ -134,7 +134,7 @@ for kind in ("auto", "explicit"):
 # 3            6   7
 #
 # == lint the layout at the seed's full size (no arrays allocated)
-# lint: 2 leaves, 34.0 MiB total, 16.5 MiB per device, 0.0% of per-device bytes replicated, 0 errors, 0 warnings
+# lint: 2 leaves, 34.0 MiB total, 16.5 MiB per device, 0.0% of per-device bytes fully replicated, 74.2% of all device memory holds copies, 0 errors, 0 warnings
 # path  shape         dtype    spec          bytes_per_device
 # ----  ------------  -------  ------------  ----------------
 # w     (4096, 2048)  float32  [A, B_model]  16.0 MiB
@@ -151,16 +151,16 @@ for kind in ("auto", "explicit"):
 # y.sharding: NamedSharding(mesh=Mesh('data': 4, 'model': 2, axis_types=(Auto, Auto)), spec=P('data', 'model'), memory_kind=device)
 # jax.typeof(y): float32[128,256]
 # y: f32[128,256]  y[A_data, B_model]  mesh data=4, model=2
-#            B 0:128   B 128:256
-#          +----------+----------+
-# A 0:32   |  cpu 0   |  cpu 1   |
-#          +----------+----------+
-# A 32:64  |  cpu 2   |  cpu 3   |
-#          +----------+----------+
-# A 64:96  |  cpu 4   |  cpu 5   |
-#          +----------+----------+
-# A 96:128 |  cpu 6   |  cpu 7   |
-#          +----------+----------+
+#             B 0:128    B 128:256
+#          +-----------+-----------+
+# A 0:32   |   cpu 0   |   cpu 1   |
+#          +-----------+-----------+
+# A 32:64  |   cpu 2   |   cpu 3   |
+#          +-----------+-----------+
+# A 64:96  |   cpu 4   |   cpu 5   |
+#          +-----------+-----------+
+# A 96:128 |   cpu 6   |   cpu 7   |
+#          +-----------+-----------+
 # y.devices(): [CpuDevice(id=0), CpuDevice(id=1), CpuDevice(id=2), CpuDevice(id=3), CpuDevice(id=4), CpuDevice(id=5), CpuDevice(id=6), CpuDevice(id=7)]
 # Device: cpu:0, Shape: (32, 128), Index: (slice(0, 32, None), slice(0, 128, None))
 # Device: cpu:1, Shape: (32, 128), Index: (slice(0, 32, None), slice(128, 256, None))
@@ -188,16 +188,16 @@ for kind in ("auto", "explicit"):
 # y.sharding: NamedSharding(mesh=Mesh('data': 4, 'model': 2, axis_types=(Explicit, Explicit)), spec=P('data', 'model'), memory_kind=device)
 # jax.typeof(y): float32[128@data,256@model]
 # y: f32[128,256]  y[A_data, B_model]  mesh data=4, model=2
-#            B 0:128   B 128:256
-#          +----------+----------+
-# A 0:32   |  cpu 0   |  cpu 1   |
-#          +----------+----------+
-# A 32:64  |  cpu 2   |  cpu 3   |
-#          +----------+----------+
-# A 64:96  |  cpu 4   |  cpu 5   |
-#          +----------+----------+
-# A 96:128 |  cpu 6   |  cpu 7   |
-#          +----------+----------+
+#             B 0:128    B 128:256
+#          +-----------+-----------+
+# A 0:32   |   cpu 0   |   cpu 1   |
+#          +-----------+-----------+
+# A 32:64  |   cpu 2   |   cpu 3   |
+#          +-----------+-----------+
+# A 64:96  |   cpu 4   |   cpu 5   |
+#          +-----------+-----------+
+# A 96:128 |   cpu 6   |   cpu 7   |
+#          +-----------+-----------+
 # y.devices(): [CpuDevice(id=0), CpuDevice(id=1), CpuDevice(id=2), CpuDevice(id=3), CpuDevice(id=4), CpuDevice(id=5), CpuDevice(id=6), CpuDevice(id=7)]
 # Device: cpu:0, Shape: (32, 128), Index: (slice(0, 32, None), slice(0, 128, None))
 # Device: cpu:1, Shape: (32, 128), Index: (slice(0, 32, None), slice(128, 256, None))
@@ -222,16 +222,16 @@ for kind in ("auto", "explicit"):
 # collectives: all-reduce x1
 # y spec: P('data', None) | shard shape: (32, 256)
 # y: f32[128,256]  y[A_data, B]  mesh data=4, model=2
-#             B 0:256
-#          +-------------+
-# A 0:32   | cpu 0, cpu 1|
-#          +-------------+
-# A 32:64  | cpu 2, cpu 3|
-#          +-------------+
-# A 64:96  | cpu 4, cpu 5|
-#          +-------------+
-# A 96:128 | cpu 6, cpu 7|
-#          +-------------+
+#              B 0:256
+#          +--------------+
+# A 0:32   | cpu 0, cpu 1 |
+#          +--------------+
+# A 32:64  | cpu 2, cpu 3 |
+#          +--------------+
+# A 64:96  | cpu 4, cpu 5 |
+#          +--------------+
+# A 96:128 | cpu 6, cpu 7 |
+#          +--------------+
 # -- [explicit]
 # w: intended P(None, 'model'), actual P('model', None)
 #   w[D, F_model] -> w[D_model, F]
@@ -240,13 +240,13 @@ for kind in ("auto", "explicit"):
 # collectives: all-reduce x1
 # y spec: P('data', None) | shard shape: (32, 256)
 # y: f32[128,256]  y[A_data, B]  mesh data=4, model=2
-#             B 0:256
-#          +-------------+
-# A 0:32   | cpu 0, cpu 1|
-#          +-------------+
-# A 32:64  | cpu 2, cpu 3|
-#          +-------------+
-# A 64:96  | cpu 4, cpu 5|
-#          +-------------+
-# A 96:128 | cpu 6, cpu 7|
-#          +-------------+
+#              B 0:256
+#          +--------------+
+# A 0:32   | cpu 0, cpu 1 |
+#          +--------------+
+# A 32:64  | cpu 2, cpu 3 |
+#          +--------------+
+# A 64:96  | cpu 4, cpu 5 |
+#          +--------------+
+# A 96:128 | cpu 6, cpu 7 |
+#          +--------------+

@@ -251,16 +251,16 @@ print(
 # partitionable=True [explicit] sharded draw == unsharded draw: True; collectives: none
 # partitionable=True first values: [ 1.6226  2.0253 -0.4336]
 # noise: f32[16,16]  noise[A_data, B_model]  mesh data=4, model=2
-#          B 0:8   B 8:16
-#         +-------+-------+
-# A 0:4   | cpu 0 | cpu 1 |
-#         +-------+-------+
-# A 4:8   | cpu 2 | cpu 3 |
-#         +-------+-------+
-# A 8:12  | cpu 4 | cpu 5 |
-#         +-------+-------+
-# A 12:16 | cpu 6 | cpu 7 |
-#         +-------+-------+
+#           B 0:8    B 8:16
+#         +--------+--------+
+# A 0:4   | cpu 0  | cpu 1  |
+#         +--------+--------+
+# A 4:8   | cpu 2  | cpu 3  |
+#         +--------+--------+
+# A 8:12  | cpu 4  | cpu 5  |
+#         +--------+--------+
+# A 12:16 | cpu 6  | cpu 7  |
+#         +--------+--------+
 # partitionable=False [auto] sharded draw == unsharded draw: True; collectives: all-gather x2, collective-permute x4
 # partitionable=False [explicit] sharded draw == unsharded draw: True; collectives: all-gather x2, collective-permute x4
 # partitionable=False first values: [ 1.4349 -0.1293  1.6427]

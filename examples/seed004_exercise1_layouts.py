@@ -31,7 +31,7 @@ from jax.sharding import NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 from shardkit.layout import format_rows  # noqa: E402
-from shardkit.lint import lint  # noqa: E402  (direct: once imported, sk.lint names the module)
+from shardkit.linter import lint  # noqa: E402
 
 a = jax.random.normal(jax.random.key(0), (16, 16))
 
@@ -144,24 +144,24 @@ print(lint({"a": a}, P(None, "y"), {"x": 2, "y": 3}).findings[0].message)
 # == rows over 8 devices: P('x')
 # Mesh(x=8; explicit; 8 devices cpu:0-7, 1 process)
 # a: f32[16,16]  a[A_x, B]  mesh x=8
-#          B 0:16
-#         +-------+
-# A 0:2   | cpu 0 |
-#         +-------+
-# A 2:4   | cpu 1 |
-#         +-------+
-# A 4:6   | cpu 2 |
-#         +-------+
-# A 6:8   | cpu 3 |
-#         +-------+
-# A 8:10  | cpu 4 |
-#         +-------+
-# A 10:12 | cpu 5 |
-#         +-------+
-# A 12:14 | cpu 6 |
-#         +-------+
-# A 14:16 | cpu 7 |
-#         +-------+
+#           B 0:16
+#         +--------+
+# A 0:2   | cpu 0  |
+#         +--------+
+# A 2:4   | cpu 1  |
+#         +--------+
+# A 4:6   | cpu 2  |
+#         +--------+
+# A 6:8   | cpu 3  |
+#         +--------+
+# A 8:10  | cpu 4  |
+#         +--------+
+# A 10:12 | cpu 5  |
+#         +--------+
+# A 12:14 | cpu 6  |
+#         +--------+
+# A 14:16 | cpu 7  |
+#         +--------+
 # [auto] with_sharding_constraint gives the same layout: True
 # matches the seed's picture: True
 # values unchanged: True
@@ -170,16 +170,16 @@ print(lint({"a": a}, P(None, "y"), {"x": 2, "y": 3}).findings[0].message)
 # == subset of devices: half mesh over devices 0-3
 # Mesh(x=4; explicit; 4 devices cpu:0-3, 1 process)
 # a: f32[16,16]  a[A_x, B]  mesh x=4
-#          B 0:16
-#         +-------+
-# A 0:4   | cpu 0 |
-#         +-------+
-# A 4:8   | cpu 1 |
-#         +-------+
-# A 8:12  | cpu 2 |
-#         +-------+
-# A 12:16 | cpu 3 |
-#         +-------+
+#           B 0:16
+#         +--------+
+# A 0:4   | cpu 0  |
+#         +--------+
+# A 4:8   | cpu 1  |
+#         +--------+
+# A 8:12  | cpu 2  |
+#         +--------+
+# A 12:16 | cpu 3  |
+#         +--------+
 # [auto] with_sharding_constraint gives the same layout: True
 # matches the seed's picture: True
 # values unchanged: True
@@ -187,10 +187,10 @@ print(lint({"a": a}, P(None, "y"), {"x": 2, "y": 3}).findings[0].message)
 # == 1.1 transposed: P(None, 'x')
 # Mesh(x=8; explicit; 8 devices cpu:0-7, 1 process)
 # a: f32[16,16]  a[A, B_x]  mesh x=8
-#          B 0:2    B 2:4    B 4:6    B 6:8    B 8:10  B 10:12  B 12:14  B 14:16
-#        +--------+--------+--------+--------+--------+--------+--------+--------+
-# A 0:16 | cpu 0  | cpu 1  | cpu 2  | cpu 3  | cpu 4  | cpu 5  | cpu 6  | cpu 7  |
-#        +--------+--------+--------+--------+--------+--------+--------+--------+
+#           B 0:2     B 2:4     B 4:6     B 6:8     B 8:10   B 10:12   B 12:14   B 14:16
+#        +---------+---------+---------+---------+---------+---------+---------+---------+
+# A 0:16 |  cpu 0  |  cpu 1  |  cpu 2  |  cpu 3  |  cpu 4  |  cpu 5  |  cpu 6  |  cpu 7  |
+#        +---------+---------+---------+---------+---------+---------+---------+---------+
 # [auto] with_sharding_constraint gives the same layout: True
 # matches the seed's picture: True
 # values unchanged: True
@@ -198,12 +198,12 @@ print(lint({"a": a}, P(None, "y"), {"x": 2, "y": 3}).findings[0].message)
 # == 1.2 2-D: P('x', 'y') on x=2, y=4
 # Mesh(x=2, y=4; explicit; 8 devices cpu:0-7, 1 process)
 # a: f32[16,16]  a[A_x, B_y]  mesh x=2, y=4
-#          B 0:4    B 4:8    B 8:12  B 12:16
-#        +--------+--------+--------+--------+
-# A 0:8  | cpu 0  | cpu 1  | cpu 2  | cpu 3  |
-#        +--------+--------+--------+--------+
-# A 8:16 | cpu 4  | cpu 5  | cpu 6  | cpu 7  |
-#        +--------+--------+--------+--------+
+#           B 0:4     B 4:8     B 8:12   B 12:16
+#        +---------+---------+---------+---------+
+# A 0:8  |  cpu 0  |  cpu 1  |  cpu 2  |  cpu 3  |
+#        +---------+---------+---------+---------+
+# A 8:16 |  cpu 4  |  cpu 5  |  cpu 6  |  cpu 7  |
+#        +---------+---------+---------+---------+
 # [auto] with_sharding_constraint gives the same layout: True
 # matches the seed's picture: True
 # values unchanged: True
@@ -211,16 +211,16 @@ print(lint({"a": a}, P(None, "y"), {"x": 2, "y": 3}).findings[0].message)
 # == 1.2 transposed 2-D: P('y', 'x') on x=2, y=4
 # Mesh(x=2, y=4; explicit; 8 devices cpu:0-7, 1 process)
 # a: f32[16,16]  a[A_y, B_x]  mesh x=2, y=4
-#          B 0:8   B 8:16
-#         +-------+-------+
-# A 0:4   | cpu 0 | cpu 4 |
-#         +-------+-------+
-# A 4:8   | cpu 1 | cpu 5 |
-#         +-------+-------+
-# A 8:12  | cpu 2 | cpu 6 |
-#         +-------+-------+
-# A 12:16 | cpu 3 | cpu 7 |
-#         +-------+-------+
+#           B 0:8    B 8:16
+#         +--------+--------+
+# A 0:4   | cpu 0  | cpu 4  |
+#         +--------+--------+
+# A 4:8   | cpu 1  | cpu 5  |
+#         +--------+--------+
+# A 8:12  | cpu 2  | cpu 6  |
+#         +--------+--------+
+# A 12:16 | cpu 3  | cpu 7  |
+#         +--------+--------+
 # [auto] with_sharding_constraint gives the same layout: True
 # matches the seed's picture: True
 # values unchanged: True
@@ -228,12 +228,12 @@ print(lint({"a": a}, P(None, "y"), {"x": 2, "y": 3}).findings[0].message)
 # == 1.3 partial mesh: x=2, y=2 over devices 0, 2, 4, 6
 # Mesh(x=2, y=2; explicit; 4 devices cpu:0,2,4,6, 1 process)
 # a: f32[16,16]  a[A_x, B_y]  mesh x=2, y=2
-#         B 0:8   B 8:16
-#        +-------+-------+
-# A 0:8  | cpu 0 | cpu 2 |
-#        +-------+-------+
-# A 8:16 | cpu 4 | cpu 6 |
-#        +-------+-------+
+#          B 0:8    B 8:16
+#        +--------+--------+
+# A 0:8  | cpu 0  | cpu 2  |
+#        +--------+--------+
+# A 8:16 | cpu 4  | cpu 6  |
+#        +--------+--------+
 # [auto] with_sharding_constraint gives the same layout: True
 # matches the seed's picture: True
 # values unchanged: True
@@ -241,16 +241,16 @@ print(lint({"a": a}, P(None, "y"), {"x": 2, "y": 3}).findings[0].message)
 # == 1.4 mysterious: P(('c', 'a'), 'b') on a=2, b=2, c=2
 # Mesh(a=2, b=2, c=2; explicit; 8 devices cpu:0-7, 1 process)
 # a: f32[16,16]  a[A_{c,a}, B_b]  mesh a=2, b=2, c=2
-#          B 0:8   B 8:16
-#         +-------+-------+
-# A 0:4   | cpu 0 | cpu 2 |
-#         +-------+-------+
-# A 4:8   | cpu 4 | cpu 6 |
-#         +-------+-------+
-# A 8:12  | cpu 1 | cpu 3 |
-#         +-------+-------+
-# A 12:16 | cpu 5 | cpu 7 |
-#         +-------+-------+
+#           B 0:8    B 8:16
+#         +--------+--------+
+# A 0:4   | cpu 0  | cpu 2  |
+#         +--------+--------+
+# A 4:8   | cpu 4  | cpu 6  |
+#         +--------+--------+
+# A 8:12  | cpu 1  | cpu 3  |
+#         +--------+--------+
+# A 12:16 | cpu 5  | cpu 7  |
+#         +--------+--------+
 # [auto] with_sharding_constraint gives the same layout: True
 # matches the seed's picture: True
 # values unchanged: True
@@ -258,16 +258,16 @@ print(lint({"a": a}, P(None, "y"), {"x": 2, "y": 3}).findings[0].message)
 # == 1.4 mysterious, second answer: P('x', 'y') on x=4, y=2 over devices reordered
 # Mesh(x=4, y=2; explicit; 8 devices cpu:0-7, 1 process)
 # a: f32[16,16]  a[A_x, B_y]  mesh x=4, y=2
-#          B 0:8   B 8:16
-#         +-------+-------+
-# A 0:4   | cpu 0 | cpu 2 |
-#         +-------+-------+
-# A 4:8   | cpu 4 | cpu 6 |
-#         +-------+-------+
-# A 8:12  | cpu 1 | cpu 3 |
-#         +-------+-------+
-# A 12:16 | cpu 5 | cpu 7 |
-#         +-------+-------+
+#           B 0:8    B 8:16
+#         +--------+--------+
+# A 0:4   | cpu 0  | cpu 2  |
+#         +--------+--------+
+# A 4:8   | cpu 4  | cpu 6  |
+#         +--------+--------+
+# A 8:12  | cpu 1  | cpu 3  |
+#         +--------+--------+
+# A 12:16 | cpu 5  | cpu 7  |
+#         +--------+--------+
 # [auto] with_sharding_constraint gives the same layout: True
 # matches the seed's picture: True
 # values unchanged: True
@@ -286,15 +286,15 @@ print(lint({"a": a}, P(None, "y"), {"x": 2, "y": 3}).findings[0].message)
 # cpu 7   0        [12:16, 8:16]  (4, 8)       128 B
 #
 # w: f32[16,16]  w[A_y, B_x]  mesh x=2, y=4
-#          B 0:8   B 8:16
-#         +-------+-------+
-# A 0:4   | cpu 0 | cpu 4 |
-#         +-------+-------+
-# A 4:8   | cpu 1 | cpu 5 |
-#         +-------+-------+
-# A 8:12  | cpu 2 | cpu 6 |
-#         +-------+-------+
-# A 12:16 | cpu 3 | cpu 7 |
-#         +-------+-------+
+#           B 0:8    B 8:16
+#         +--------+--------+
+# A 0:4   | cpu 0  | cpu 4  |
+#         +--------+--------+
+# A 4:8   | cpu 1  | cpu 5  |
+#         +--------+--------+
+# A 8:12  | cpu 2  | cpu 6  |
+#         +--------+--------+
+# A 12:16 | cpu 3  | cpu 7  |
+#         +--------+--------+
 # duplicate-axis
 # leaf 'a' shape (16, 16) spec P(None, 'y'): dim 1 has size 16, which mesh axis 'y' (size 3) (product 3) does not divide on mesh {'x': 2, 'y': 3}. Fix: use a mesh shape that divides, e.g. {'x': 3, 'y': 2}, {'x': 6, 'y': 1}; or pad dim 1 to 18 (+2); or leave dim 1 unsharded (None).

@@ -100,12 +100,12 @@ def test_seed001_jit_constraint_and_shard_map():
     total = "[48. 52. 56. 60. 64. 68. 72. 76.]"
     assert f"[auto] f_contract: spec P('y',), value {total}" in s3
     assert f"[explicit] f_contract: spec P('y',), value {total}" in s3
-    assert "| cpu 0, cpu 4|" in s3  # partially replicated over mesh axis x
+    assert "| cpu 0, cpu 4 |" in s3  # partially replicated over mesh axis x
     s4 = between(out, "== 4.", "== 5.")
     assert f"[auto] spec P('x',), value {total}" in s4
     assert "can only refer to Auto axes" in s4
     assert f"[explicit] reshard: spec P(('x', 'y'),), value {total}" in s4
-    assert s4.count("|cpu 0 |cpu 1 |cpu 2 |cpu 3 |cpu 4 |cpu 5 |cpu 6 |cpu 7 |") == 2
+    assert s4.count("| cpu 0 | cpu 1 | cpu 2 | cpu 3 | cpu 4 | cpu 5 | cpu 6 | cpu 7 |") == 2
     s5 = between(out, "== 5.", "== 6.")
     assert s5.count("shard_map(f_elementwise): [1.     2.6829 2.8186 1.2822]... shape (32,)") == 2
     assert s5.count("device local shape: x.shape=(4,)") == 2
@@ -150,7 +150,7 @@ def test_seed002_debugging_checks():
     assert mistake.count("collectives: all-reduce x1") == 2
     assert mistake.count("y spec: P('data', None) | shard shape: (32, 256)") == 2
     assert mistake.count("matches numpy: True") == 2
-    assert "| cpu 0, cpu 1|" in mistake
+    assert "| cpu 0, cpu 1 |" in mistake
 
 
 def test_seed003_three_modes_agree():

@@ -16,7 +16,7 @@ from shardkit.layout import (
     spec_notation,
     tree_table,
 )
-from shardkit.lint import IndivisibleShardingError
+from shardkit.linter import IndivisibleShardingError
 from shardkit.mesh import make_mesh
 
 

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from shardkit.lint import (
+from shardkit.linter import (
     DuplicateMeshAxisError,
     IndivisibleShardingError,
     SpecRankError,
@@ -112,6 +112,8 @@ def test_lint_summary_bytes_and_replication():
     assert report.bytes_per_device == per_dev
     assert report.replicated_fraction == pytest.approx(16 * 4 / per_dev)
     assert [x.path for x in report.largest_replicated()] == ["ln/scale"]
+    # 8 devices each hold per_dev bytes; everything beyond one copy of each leaf is redundant
+    assert report.redundant_fraction == pytest.approx(1 - total / (8 * per_dev))
     text = str(report)
     assert "0 errors" in text and "ln/scale" in text
     assert report.to_dict()["bytes_per_device"] == per_dev
@@ -245,6 +247,19 @@ def test_random_layouts_never_crash(case):
     else:
         with pytest.raises(ShardingRuleError):
             Rules([("w", spec)]).specs(tree, mesh)
+
+
+def test_exported_names_do_not_collide_with_submodules():
+    import importlib
+    import importlib.util
+
+    import shardkit
+
+    for name, (_, attr) in shardkit._EXPORTS.items():
+        if attr is not None:
+            assert importlib.util.find_spec(f"shardkit.{name}") is None, name
+    importlib.import_module("shardkit.linter")
+    assert callable(shardkit.lint) and shardkit.lint.__name__ == "lint"
 
 
 def test_registered_dataclass_and_scalar_leaves():

@@ -149,11 +149,11 @@ def layout_of(
             if mesh is None:
                 raise TypeError("show/layout_of: shape= needs sharding= or mesh= (and spec=).")
             spec = PartitionSpec() if spec is None else spec
-            from shardkit.lint import check_leaf
+            from shardkit.linter import check_leaf
 
             errors = check_leaf("array", shape, spec, dict(mesh.shape))
             if errors:
-                from shardkit.lint import _ERRORS
+                from shardkit.linter import _ERRORS
 
                 raise _ERRORS[errors[0].code](errors[0].message)
             sharding = NamedSharding(mesh, spec)
@@ -273,12 +273,12 @@ def _render_text(layout: Layout, name: str, dims) -> str:
         col_labels = [_range_txt(cl, c) if cl else "" for c in cols]
         w = max(w, *(len(c) + 2 for c in col_labels))
         lw = max(len(s) for s in row_labels) + 1 if rl else 0
-        out.append(" " * lw + "".join(c.center(w) for c in col_labels))
-        sep = " " * lw + "+" + "+".join("-" * (w - 1) for _ in cols) + "+"
+        out.append((" " * lw + " " + " ".join(c.center(w) for c in col_labels)).rstrip())
+        sep = " " * lw + "+" + "+".join("-" * w for _ in cols) + "+"
         out.append(sep)
         for rlab, line in zip(row_labels, table, strict=True):
             cells = [(", ".join(_device_label(d) for d in devs) or "-") for devs in line]
-            out.append(rlab.ljust(lw) + "|" + "|".join(c.center(w - 1) for c in cells) + "|")
+            out.append(rlab.ljust(lw) + "|" + "|".join(c.center(w) for c in cells) + "|")
             out.append(sep)
     note = _fold_note(layout, shown, panel_dims, folded)
     if note:
@@ -430,7 +430,7 @@ def tree_table(tree: Any, specs: Any = None, mesh: Any = None) -> list[dict[str,
       specs: a tree of PartitionSpec or a :class:`~shardkit.Rules` (default: the arrays' own).
       mesh: needed with ``specs`` to compute bytes per device.
     """
-    from shardkit.lint import lint
+    from shardkit.linter import lint
     from shardkit.rules import leaf_path_items
 
     if specs is None:

@@ -237,7 +237,7 @@ class Rules:
           ShardingRuleError (or a subclass naming the problem) when ``validate`` finds one.
         """
         if validate:
-            from shardkit.lint import lint
+            from shardkit.linter import lint
 
             lint(tree, self, mesh).raise_if_errors()
         return _map_leaves(tree, lambda path, leaf: self.match(path, leaf).spec)

@@ -256,6 +256,16 @@ class LintReport:
         rep = sum(leaf.bytes_per_device for leaf in self.leaves if leaf.replicated)
         return rep / total if total else 0.0
 
+    @property
+    def redundant_fraction(self) -> float:
+        """Share of all devices' memory for these leaves that holds copies (partial replication
+        included): ``1 - bytes_global / (n_devices * bytes_per_device)``."""
+        if not self.mesh_sizes:
+            return 0.0
+        n = math.prod(self.mesh_sizes.values())
+        held = n * self.bytes_per_device
+        return max(0.0, 1 - self.bytes_global / held) if held else 0.0
+
     def largest_replicated(self, n: int | None = None) -> list[LeafLayout]:
         reps = sorted((x for x in self.leaves if x.replicated), key=lambda x: -x.bytes_global)
         return reps[: self.top if n is None else n]
@@ -280,7 +290,8 @@ class LintReport:
             f"{len(self.leaves)} leaves",
             f"{format_bytes(self.bytes_global)} total",
             f"{format_bytes(self.bytes_per_device)} per device",
-            f"{100 * self.replicated_fraction:.1f}% of per-device bytes replicated",
+            f"{100 * self.replicated_fraction:.1f}% of per-device bytes fully replicated",
+            f"{100 * self.redundant_fraction:.1f}% of all device memory holds copies",
             f"{n_err} error{'s' * (n_err != 1)}",
             f"{n_warn} warning{'s' * (n_warn != 1)}",
         ]
@@ -293,6 +304,7 @@ class LintReport:
             "bytes_global": self.bytes_global,
             "bytes_per_device": self.bytes_per_device,
             "replicated_fraction": self.replicated_fraction,
+            "redundant_fraction": self.redundant_fraction,
             "findings": [f.__dict__ for f in self.findings],
             "leaves": [
                 {**leaf.__dict__, "spec": None if leaf.spec is None else str(leaf.spec)}
