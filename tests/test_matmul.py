@@ -309,3 +309,24 @@ def test_error_indivisible_out_spec_in_chain():
     B = jax.device_put(jnp.ones((16, 16)), NamedSharding(mesh, P(None, "x")))
     with pytest.raises(skm.MatmulLayoutError, match=r"dim 0 has size 12, not divisible.*size 8"):
         skm.chain([A, B], out_spec=P("x", None))
+
+
+def test_inside_jit_on_explicit_axes():
+    """On Explicit axes the layout is part of a tracer's type, so matmul composes under jit."""
+    mesh = _make_mesh("8", AxisType.Explicit)
+    a, b, A, B = _operands(mesh, ("x", None), (None, "x"), (64, 32, 64))
+    f = jax.jit(lambda x, y: 2.0 * skm(x, y, algorithm="collective"))
+    C = f(A, B)
+    ref = 2.0 * a @ b
+    np.testing.assert_allclose(np.asarray(C), ref, rtol=0, atol=1e-5 * np.abs(ref).max())
+    counts = {k: v for k, v in inspect(f.lower(A, B).compile()).counts().items() if v}
+    assert counts == {"collective-permute": 7}
+
+
+def test_error_inside_jit_on_auto_axes():
+    mesh = _make_mesh("8", AxisType.Auto)
+    _, _, A, B = _operands(mesh, ("x", None), (None, "x"), (64, 32, 64))
+    with pytest.raises(
+        skm.MatmulLayoutError, match=r"A is traced inside jax.jit on a mesh with Auto"
+    ):
+        jax.jit(lambda x, y: skm(x, y))(A, B)

@@ -169,6 +169,24 @@ def check_divisible(shape: tuple[int, int], spec: Spec, mesh: Mesh, *, name: str
             )
 
 
+def _sharding_of(x: object, name: str) -> NamedSharding | None:
+    """The NamedSharding of an array, ShapeDtypeStruct or (Explicit-axes) tracer, else None."""
+    if isinstance(x, jax.core.Tracer):
+        s = jax.typeof(x).sharding
+        if not isinstance(s, NamedSharding) or not s.mesh.axis_names:
+            return None
+        if any(t != AxisType.Explicit for t in s.mesh.axis_types):
+            raise MatmulLayoutError(
+                f"{name} is traced inside jax.jit on a mesh with Auto axes "
+                f"{dict(s.mesh.shape)}, where its layout is not part of its type. Fix: call "
+                "shardkit.matmul outside jit, or use a mesh with Explicit axes "
+                "(jax.make_mesh's default)."
+            )
+        return s
+    s = getattr(x, "sharding", None)
+    return s if isinstance(s, NamedSharding) else None
+
+
 def layout_of(
     a: jax.Array | jax.ShapeDtypeStruct,
     b: jax.Array | jax.ShapeDtypeStruct,
@@ -195,16 +213,20 @@ def layout_of(
             f"(A.shape[1]={a.shape[1]} != B.shape[0]={b.shape[0]}). Fix: transpose one operand "
             "or pass matrices whose inner dims match."
         )
-    meshes = [
-        s.mesh
-        for s in (getattr(a, "sharding", None), getattr(b, "sharding", None))
-        if isinstance(s, NamedSharding)
-    ]
+    sa_, sb_ = _sharding_of(a, "A"), _sharding_of(b, "B")
+    meshes = [s.mesh for s in (sa_, sb_) if s is not None]
     if mesh is None:
         if not meshes:
+            traced = any(isinstance(x, jax.core.Tracer) for x in (a, b))
+            where = (
+                "inside jax.jit, where only Explicit mesh axes carry a layout in the type"
+                if traced
+                else "so there is no mesh to run on"
+            )
             raise MatmulLayoutError(
-                "neither A nor B has a NamedSharding, so there is no mesh to run on. Fix: "
-                "jax.device_put(A, NamedSharding(mesh, P('x', None))) first, or pass mesh=."
+                f"neither A nor B has a NamedSharding, {where}. Fix: "
+                "jax.device_put(A, NamedSharding(mesh, P('x', None))) first (on a mesh with "
+                "Explicit axes when calling inside jit)."
             )
         mesh = meshes[0]
     for m in meshes:
@@ -214,14 +236,13 @@ def layout_of(
                 "Fix: jax.device_put both operands with NamedShardings on the same mesh."
             )
 
-    def spec_of(x: object, given: object) -> object:
+    def spec_of(s: NamedSharding | None, given: object) -> object:
         if given is not None:
             return given
-        s = getattr(x, "sharding", None)
-        return s.spec if isinstance(s, NamedSharding) else P()
+        return s.spec if s is not None else P()
 
-    sa = normalize_spec(spec_of(a, a_spec), name="A", mesh=mesh)
-    sb = normalize_spec(spec_of(b, b_spec), name="B", mesh=mesh)
+    sa = normalize_spec(spec_of(sa_, a_spec), name="A", mesh=mesh)
+    sb = normalize_spec(spec_of(sb_, b_spec), name="B", mesh=mesh)
     check_divisible(tuple(a.shape), sa, mesh, name="A")
     check_divisible(tuple(b.shape), sb, mesh, name="B")
     dtype = jnp.result_type(a.dtype, b.dtype)

@@ -37,7 +37,8 @@ def matmul(
     """Multiplies sharded matrices C = A @ B with a chosen distributed algorithm.
 
     The mesh and layouts are read from the operands' NamedShardings (one mesh axis or None per
-    dim); Auto and Explicit mesh axes both work.
+    dim); Auto and Explicit mesh axes both work. Inside ``jax.jit`` the operands must live on a
+    mesh with Explicit axes, where a tracer's type carries its layout.
 
     Args:
         a: A[M, K] with a NamedSharding.
