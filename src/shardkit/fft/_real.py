@@ -27,7 +27,7 @@ from jax.sharding import PartitionSpec as P
 from jaxtyping import Array, Complex, Float
 
 from shardkit.fft import _layout as L
-from shardkit.fft._complex import roll
+from shardkit.fft._complex import _to_trailing, roll
 
 
 def _kind(a, b, mesh_shape) -> str:
@@ -58,41 +58,60 @@ def _r2c(x, *, mesh, batch, ab, inverse, layout, norm, n, dtype):
     out_spec = P(*nat) if layout == "natural" else P(*roll(nat, 3, 1))
     X, Y, Z = nb, nb + 1, nb + 2  # local dim indices of the FFT dims
 
+    spectrum = [0, 1, 2] if layout == "natural" else [1, 2, 0]
+
+    def to(blk, order, end):  # final local transpose to the FFT-dim order `end`
+        if order == end:
+            return blk
+        return jnp.transpose(blk, list(range(nb)) + [nb + order.index(d) for d in end])
+
+    def a2a(blk, order, axis, split, concat):
+        return jax.lax.all_to_all(
+            blk, axis, nb + order.index(split), nb + order.index(concat), tiled=True
+        )
+
     def forward(blk):
+        # `order` lists the FFT dims (0=X, 1=Y, 2=Z) in local storage order; every FFT runs
+        # over trailing local dims (see _complex._to_trailing).
+        order = [0, 1, 2]
         if kind == "pencil":
-            blk = jnp.fft.rfft(blk, axis=Z, norm=norm)  # [X_a, Y_b, KZ]
-            blk = jax.lax.all_to_all(blk, b, X, Y, tiled=True)  # [X_ab, Y, KZ]
-            blk = jnp.fft.fft(blk, axis=Y, norm=norm)
-            blk = jax.lax.all_to_all(blk, (a, b), Y, X, tiled=True)  # [X, Y_ab, KZ]
-            blk = jnp.fft.fft(blk, axis=X, norm=norm)
+            blk = jnp.fft.rfft(blk, axis=-1, norm=norm)  # [X_a, Y_b, KZ]
+            blk = a2a(blk, order, b, 0, 1)  # [X_ab, Y, KZ]
+            blk, order = _to_trailing(blk, order, [1], nb)
+            blk = jnp.fft.fft(blk, axis=-1, norm=norm)
+            blk = a2a(blk, order, (a, b), 1, 0)  # [X, Y_ab, KZ]
         elif kind == "slab_x":
             blk = jnp.fft.rfftn(blk, axes=(Y, Z), norm=norm)  # [X_a, KY, KZ]
-            blk = jax.lax.all_to_all(blk, a, Y, X, tiled=True)  # [X, Y_a, KZ]
-            blk = jnp.fft.fft(blk, axis=X, norm=norm)
+            blk = a2a(blk, order, a, 1, 0)  # [X, Y_a, KZ]
         else:
             blk = jnp.fft.rfftn(blk, axes=(X, Z), norm=norm)  # [KX, Y_b, KZ]
-            blk = jax.lax.all_to_all(blk, b, X, Y, tiled=True)  # [X_b, Y, KZ]
-            blk = jnp.fft.fft(blk, axis=Y, norm=norm)
-        if layout == "transposed":
-            blk = jnp.moveaxis(blk, X, -1)
-        return blk
+            blk = a2a(blk, order, b, 0, 1)  # [X_b, Y, KZ]
+        last = 1 if kind == "slab_y" else 0
+        blk, order = _to_trailing(blk, order, [last], nb)
+        blk = jnp.fft.fft(blk, axis=-1, norm=norm)
+        return to(blk, order, spectrum)
 
     def inverse_(blk):
-        if layout == "transposed":
-            blk = jnp.moveaxis(blk, -1, X)
-        if kind == "pencil":
-            blk = jnp.fft.ifft(blk, axis=X, norm=norm)
-            blk = jax.lax.all_to_all(blk, (a, b), X, Y, tiled=True)  # [X_ab, Y, KZ]
-            blk = jnp.fft.ifft(blk, axis=Y, norm=norm)
-            blk = jax.lax.all_to_all(blk, b, Y, X, tiled=True)  # [X_a, Y_b, KZ]
-            return jnp.fft.irfft(blk, n=n, axis=Z, norm=norm)
+        order = list(spectrum)
+        if kind == "slab_y":
+            blk, order = _to_trailing(blk, order, [1], nb)
+            blk = jnp.fft.ifft(blk, axis=-1, norm=norm)
+            blk = a2a(blk, order, b, 1, 0)  # [KX, Y_b, KZ]
+            blk = to(blk, order, [0, 1, 2])
+            return jnp.fft.irfftn(blk, s=(blk.shape[X], n), axes=(X, Z), norm=norm)
+        blk, order = _to_trailing(blk, order, [0], nb)
+        blk = jnp.fft.ifft(blk, axis=-1, norm=norm)
         if kind == "slab_x":
-            blk = jnp.fft.ifft(blk, axis=X, norm=norm)
-            blk = jax.lax.all_to_all(blk, a, X, Y, tiled=True)  # [X_a, KY, KZ]
+            blk = a2a(blk, order, a, 0, 1)  # [X_a, KY, KZ]
+            blk = to(blk, order, [0, 1, 2])
             return jnp.fft.irfftn(blk, s=(blk.shape[Y], n), axes=(Y, Z), norm=norm)
-        blk = jnp.fft.ifft(blk, axis=Y, norm=norm)
-        blk = jax.lax.all_to_all(blk, b, Y, X, tiled=True)  # [KX, Y_b, KZ]
-        return jnp.fft.irfftn(blk, s=(blk.shape[X], n), axes=(X, Z), norm=norm)
+        blk = a2a(blk, order, (a, b), 0, 1)  # [X_ab, Y, KZ]
+        blk, order = _to_trailing(blk, order, [1], nb)
+        blk = jnp.fft.ifft(blk, axis=-1, norm=norm)
+        blk = a2a(blk, order, b, 1, 0)  # [X_a, Y_b, KZ]
+        blk, order = _to_trailing(blk, order, [2], nb)
+        blk = jnp.fft.irfft(blk, n=n, axis=-1, norm=norm)
+        return to(blk, order, [0, 1, 2])
 
     if inverse:
         return jax.shard_map(inverse_, mesh=mesh, in_specs=out_spec, out_specs=in_spec)(
