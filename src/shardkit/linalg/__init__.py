@@ -1,0 +1,35 @@
+"""Distributed dense linear algebra: LU, solves, Cholesky, triangular solves, CG, batched solves.
+
+Every routine keeps the matrix distributed (``jax.shard_map`` with explicit collectives) and
+works on Auto and Explicit mesh axes; none all-gathers the matrix. See ``docs/linalg.md``.
+"""
+
+from shardkit.linalg.batched import batched_solve as batched_solve
+from shardkit.linalg.cg import CGInfo as CGInfo
+from shardkit.linalg.cg import cg as cg
+from shardkit.linalg.layout import column_cyclic_order as column_cyclic_order
+from shardkit.linalg.layout import from_column_cyclic as from_column_cyclic
+from shardkit.linalg.layout import padded_size as padded_size
+from shardkit.linalg.layout import to_column_cyclic as to_column_cyclic
+from shardkit.linalg.lu import LUFactors as LUFactors
+from shardkit.linalg.lu import SingularMatrixError as SingularMatrixError
+from shardkit.linalg.lu import lu as lu
+from shardkit.linalg.solve import lu_solve as lu_solve
+from shardkit.linalg.solve import solve as solve
+from shardkit.linalg.triangular import triangular_solve as triangular_solve
+
+__all__ = [
+    "CGInfo",
+    "batched_solve",
+    "cg",
+    "LUFactors",
+    "SingularMatrixError",
+    "column_cyclic_order",
+    "from_column_cyclic",
+    "lu",
+    "lu_solve",
+    "padded_size",
+    "solve",
+    "to_column_cyclic",
+    "triangular_solve",
+]

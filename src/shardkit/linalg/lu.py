@@ -1,0 +1,275 @@
+"""Distributed LU factorization with partial pivoting, and solves with its factors.
+
+Algorithm (right-looking, blocked, 1-D column-block-cyclic; see ``layout``): for each column
+block ``j`` with first row ``r0 = j * nb``,
+
+1. the device that owns block ``j`` contributes its (N, nb) panel to one ``psum`` so that every
+   device holds the panel (N * nb words: the largest collective of the factorization);
+2. every device factors the panel rows ``r0:`` with LAPACK-style partial pivoting (the same
+   result everywhere, so the pivot search and the row swaps need no further messages: each
+   device owns whole columns);
+3. every device swaps the pivot rows of its own columns, solves the unit-lower triangle for its
+   block row of U, and updates its trailing columns with one local GEMM.
+
+The steps run in a ``lax.fori_loop`` with dynamic slices, so per-device memory stays a small
+multiple of the local shard N^2 / P, and the compiled program holds one panel all-reduce inside
+the loop, one all-to-all to enter the layout, and never an all-gather of the matrix. The loop is
+split into a few stages with static shrinking slices so the local GEMMs cost about 1.4x the
+flops of an exact trailing update instead of 3x.
+
+Triangular solves with the factors run block by block in storage order: per block, one
+``psum`` of an (nb, k) partial sum; the owner of the block solves its diagonal triangle; one
+final ``psum`` of the (N, k) solution replicates it.
+
+Example:
+    >>> mesh = jax.make_mesh((8,), ("x",))
+    >>> a = jax.random.normal(jax.random.key(0), (256, 256))
+    >>> b = jax.random.normal(jax.random.key(1), (256,))
+    >>> x = solve(a, b, mesh=mesh)
+    >>> float(jnp.linalg.norm(a @ x - b) / jnp.linalg.norm(b)) < 1e-4
+    True
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
+
+from shardkit.linalg import layout
+from shardkit.linalg.layout import constrain, n_devices
+
+__all__ = ["LUFactors", "SingularMatrixError", "lu"]
+
+DEFAULT_BLOCK_SIZE = 32
+_CHUNKS = 4  # column chunks of the trailing update (temporaries ~ shard / _CHUNKS)
+_STAGES = 4  # static shrinking stages of the step loop (flops ~1.4x exact instead of 3x)
+
+
+class SingularMatrixError(ValueError):
+    """An exactly zero pivot was met: the matrix is singular (in working precision)."""
+
+
+@functools.partial(
+    jax.tree_util.register_dataclass,
+    data_fields=["lu", "perm", "info"],
+    meta_fields=["n", "block_size", "mesh", "axis_names"],
+)
+@dataclasses.dataclass(frozen=True)
+class LUFactors:
+    """LU factors ``A[perm] = L @ U`` of an N x N matrix in the column-block-cyclic layout.
+
+    Attributes:
+        lu: (Np, Np) storage: L (unit lower, diagonal not stored) and U packed LAPACK-style,
+            columns in ``layout.column_cyclic_order(Np, block_size, P)``, sharded
+            ``P(None, axis_names)``. ``Np`` is N padded to a multiple of ``block_size * P``
+            (the padding is an identity block).
+        perm: (Np,) int32 row permutation, replicated.
+        info: int32 scalar, LAPACK ``getrf`` convention: 0 on success, ``i > 0`` when ``U[i-1,
+            i-1]`` is exactly zero (the matrix is singular; solves would divide by zero).
+        n: the unpadded size N.
+        block_size: nb.
+        mesh: the device mesh.
+        axis_names: the mesh axes the columns are distributed over.
+    """
+
+    lu: jax.Array
+    perm: jax.Array
+    info: jax.Array
+    n: int
+    block_size: int
+    mesh: Mesh
+    axis_names: tuple[str, ...]
+
+    def unpack(self) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """Returns ``(perm, L, U)`` as (N,), (N, N), (N, N) arrays in natural order.
+
+        Gathers the factors: meant for tests and small matrices.
+        """
+        natural = layout.from_column_cyclic(
+            self.lu, block_size=self.block_size, mesh=self.mesh, axis_names=self.axis_names
+        )
+        packed = jnp.asarray(np.asarray(natural)[: self.n, : self.n])  # gathered on the host
+        lower = jnp.tril(packed, -1) + jnp.eye(self.n, dtype=packed.dtype)
+        return jnp.asarray(np.asarray(self.perm)[: self.n]), lower, jnp.triu(packed)
+
+
+def _pad_identity(a: jax.Array, n_pad: int) -> jax.Array:
+    n = a.shape[0]
+    if n_pad == n:
+        return a
+    a = jnp.pad(a, ((0, n_pad - n), (0, n_pad - n)))
+    idx = jnp.arange(n, n_pad)
+    return a.at[idx, idx].set(1)
+
+
+def _lu_steps(a, ipiv, info, *, j0, j1, row0, col0, nb, p, axes, col_block):
+    """Runs LU steps ``j0 <= j < j1`` in place on ``a``, touching only the static window
+    ``a[row0:, col0:]`` for the panel and trailing update (row swaps span whole rows)."""
+    m = a.shape[0] - row0  # rows of the window
+    n_chunks = _n_chunks((a.shape[1] - col0) // nb)
+    cw = (a.shape[1] - col0) // n_chunks  # columns per trailing-update chunk
+    rows = jnp.arange(m) + row0  # global row of each window row, (M,)
+    d = lax.axis_index(axes)
+
+    def step(j, carry):
+        a, ipiv, info = carry
+        r0 = j * nb
+        lr0 = r0 - row0  # row offset of the panel inside the window
+        mine = d == j % p
+        kc = (j // p) * nb  # local column of block j on its owner
+        own = lax.dynamic_slice(a, (row0, kc), (m, nb))  # (M, nb)
+        panel = lax.psum(jnp.where(mine, own, 0), axes)  # (M, nb), the same on all devices
+        below = (rows >= r0)[:, None]
+        rolled = jnp.roll(jnp.where(below, panel, 0), -lr0, axis=0)  # rows r0.. first
+        lu_p, piv, perm = lax.linalg.lu(rolled)  # piv, perm: relative to row r0
+        unrolled = jnp.roll(lu_p, lr0, axis=0)  # (M, nb)
+        # Row interchanges of the whole local rows: the rows at r0 + t for t in
+        # {0..nb-1} U {piv} receive the rows r0 + perm[t]; one gather and one scatter.
+        t = jnp.concatenate([jnp.arange(nb), piv])  # (2 nb,)
+        a = a.at[r0 + t].set(a[r0 + perm[t]], unique_indices=False)
+        # The owner's panel columns become the factored panel (rows above r0 keep U).
+        cur = lax.dynamic_slice(a, (row0, kc), (m, nb))
+        a = lax.dynamic_update_slice(a, jnp.where(mine & below, unrolled, cur), (row0, kc))
+        # U12 = L11^-1 A12 right of the panel and the trailing update, one column chunk at a
+        # time so that the GEMM temporaries stay a fraction of the shard.
+        l11_inv = lax.linalg.triangular_solve(
+            lu_p[:nb, :nb], jnp.eye(nb, dtype=a.dtype), left_side=True, lower=True,
+            unit_diagonal=True,
+        )  # fmt: skip
+        l21 = jnp.where((rows >= r0 + nb)[:, None], unrolled, 0)  # (M, nb)
+
+        def update(c, a):
+            c0 = col0 + c * cw
+            cols = lax.dynamic_slice(a, (row0, c0), (m, cw))  # (M, cw)
+            right = (lax.dynamic_slice_in_dim(col_block, c0, cw) > j)[None, :]  # (1, cw)
+            a12 = lax.dynamic_slice_in_dim(cols, lr0, nb, axis=0)  # (nb, cw)
+            u12 = jnp.where(right, l11_inv @ a12, 0)  # (nb, cw)
+            cols = lax.dynamic_update_slice_in_dim(cols, jnp.where(right, u12, a12), lr0, axis=0)
+            return lax.dynamic_update_slice(a, cols - l21 @ u12, (row0, c0))
+
+        a = lax.fori_loop(0, n_chunks, update, a)
+        ipiv = lax.dynamic_update_slice_in_dim(ipiv, (piv + r0).astype(ipiv.dtype), r0, axis=0)
+        zero = jnp.diagonal(lu_p[:nb, :nb]) == 0
+        first = (r0 + jnp.argmax(zero) + 1).astype(info.dtype)
+        info = jnp.where((info == 0) & zero.any(), first, info)
+        return a, ipiv, info
+
+    return lax.fori_loop(j0, j1, step, (a, ipiv, info))
+
+
+def _n_chunks(blocks: int, target: int = _CHUNKS) -> int:
+    """Largest divisor of ``blocks`` that is at most ``target`` (chunks must tile exactly)."""
+    return max(g for g in range(1, min(blocks, target) + 1) if blocks % g == 0)
+
+
+def lu_local(a, *, nb, p, axes, stages=None):
+    """Inside ``shard_map``: factors local cyclic columns (Np, Np/P) in place."""
+    n_pad, kc = a.shape
+    nblk = n_pad // nb
+    if stages is None:  # shrinking windows pay off only with many steps per device
+        stages = _STAGES if nblk >= 8 * p else 1
+    d = lax.axis_index(axes)
+    col_block = (jnp.arange(kc) // nb) * p + d  # global block of each local column
+    ipiv = jnp.zeros((n_pad,), jnp.int32)
+    info = jnp.zeros((), jnp.int32)
+    # Stage boundaries in steps, aligned to P so all devices share one static column offset.
+    bounds = sorted({min(nblk, (nblk * s // stages) // p * p) for s in range(stages)} | {nblk})
+    for j0, j1 in zip(bounds[:-1], bounds[1:], strict=True):
+        a, ipiv, info = _lu_steps(
+            a, ipiv, info, j0=j0, j1=j1, row0=j0 * nb, col0=(j0 // p) * nb,
+            nb=nb, p=p, axes=axes, col_block=col_block,
+        )  # fmt: skip
+    return a, ipiv, info
+
+
+@functools.partial(jax.jit, static_argnames=("mesh", "axes", "nb"))
+def _lu_jit(a, mesh, axes, nb):
+    p = n_devices(mesh, axes)
+    n_pad = layout.padded_size(a.shape[0], nb, p)
+    a = constrain(_pad_identity(a, n_pad), mesh, P(axes, None))
+
+    def local(a):
+        a = layout.rows_to_cyclic_local(a, block_size=nb, p=p, axes=axes)
+        a, ipiv, info = lu_local(a, nb=nb, p=p, axes=axes)
+        return a, lax.linalg.lu_pivots_to_permutation(ipiv, n_pad), info
+
+    return jax.shard_map(
+        local, mesh=mesh, in_specs=P(axes, None), out_specs=(P(None, axes), P(), P())
+    )(a)
+
+
+def _check_matrix(a, arg: str) -> None:
+    shape = tuple(getattr(a, "shape", ()))
+    if len(shape) != 2 or shape[0] != shape[1]:
+        raise ValueError(
+            f"{arg}: expected a square matrix (N, N), got shape {shape}. "
+            "Pass a 2-D square array; for a stack of systems (B, N, N) use batched_solve."
+        )
+    if not jnp.issubdtype(a.dtype, jnp.floating):
+        raise TypeError(
+            f"{arg}: expected a real floating dtype (float32 or float64), got {a.dtype}. "
+            f"Convert with {arg}.astype(jnp.float32)."
+        )
+
+
+def _check_block_size(nb: int, n: int) -> None:
+    if not isinstance(nb, int) or nb < 1:
+        raise ValueError(f"block_size: must be a positive int, got {nb!r}. Try block_size=32.")
+    if nb > n:
+        raise ValueError(
+            f"block_size: {nb} is larger than the matrix size N = {n}. "
+            f"Pass block_size <= {n}, e.g. block_size={min(DEFAULT_BLOCK_SIZE, n)}."
+        )
+
+
+def lu(
+    a: jax.Array,
+    *,
+    block_size: int = DEFAULT_BLOCK_SIZE,
+    mesh: Mesh | None = None,
+    axis_names: str | Sequence[str] | None = None,
+) -> LUFactors:
+    """LU factorization with partial pivoting of a distributed square matrix.
+
+    Right-looking blocked LU on a 1-D column-block-cyclic layout over ``axis_names`` (all mesh
+    axes by default, so it runs on 1-D and 2-D meshes alike). The matrix is never gathered: the
+    largest collective is an (N, nb) panel all-reduce per block.
+
+    Args:
+        a: (N, N) float32 or float64 matrix, any sharding (row-sharded ``P(axes, None)`` enters
+            the layout with one all-to-all). N need not be a multiple of anything: the matrix is
+            padded with an identity block to a multiple of ``block_size * P``.
+        block_size: panel width nb (default 32). Larger nb means fewer, larger collectives.
+        mesh: the device mesh (default: ``a.sharding.mesh`` or the mesh set by
+            ``jax.set_mesh``); Auto and Explicit axis types both work.
+        axis_names: mesh axes to distribute the columns over (default: all, flattened).
+
+    Returns:
+        :class:`LUFactors` with ``a[perm] == L @ U``. ``info > 0`` flags an exactly zero pivot
+        (LAPACK ``getrf`` convention); :func:`solve` and :func:`lu_solve` raise on it.
+
+    Raises:
+        ValueError: ``a`` is not square, ``block_size`` is not in ``1..N``, or no mesh.
+        TypeError: ``a`` is not a real floating array.
+
+    Example:
+        >>> f = lu(a, mesh=jax.make_mesh((8,), ("x",)))
+        >>> perm, l, u = f.unpack()
+        >>> bool(jnp.allclose(a[perm], l @ u, atol=1e-4))
+        True
+
+    See also: :func:`lu_solve`, :func:`solve`, :func:`shardkit.linalg.det`.
+    """
+    _check_matrix(a, "a")
+    _check_block_size(block_size, a.shape[0])
+    mesh, axes = layout.resolve_mesh(a, mesh, axis_names, arg="a")
+    packed, perm, info = _lu_jit(a, mesh, axes, block_size)
+    return LUFactors(packed, perm, info, a.shape[0], block_size, mesh, axes)

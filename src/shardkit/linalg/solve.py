@@ -1,0 +1,183 @@
+"""Linear solves ``A x = b`` with the distributed LU factorization.
+
+:func:`solve` factors and solves in one compiled program; :func:`lu_solve` reuses factors from
+:func:`~shardkit.linalg.lu` for new right-hand sides. Singular matrices are reported, not
+answered with silent NaNs: an exactly zero pivot sets ``info`` (LAPACK convention), and outside
+``jit`` both functions raise :class:`~shardkit.linalg.SingularMatrixError` when ``info > 0`` or
+the solution is not finite. Inside a user's ``jit`` nothing can raise: call :func:`lu` and read
+``factors.info``, or use ``solve(..., return_info=True)``.
+
+Example:
+    >>> mesh = jax.make_mesh((8,), ("x",))
+    >>> a = jax.random.normal(jax.random.key(0), (200, 200))
+    >>> x = solve(a, jnp.ones(200), mesh=mesh)     # N = 200 is padded internally
+    >>> x.shape
+    (200,)
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
+
+from shardkit.linalg import layout
+from shardkit.linalg.layout import constrain, n_devices
+from shardkit.linalg.lu import (
+    DEFAULT_BLOCK_SIZE,
+    LUFactors,
+    SingularMatrixError,
+    _check_block_size,
+    _check_matrix,
+    _pad_identity,
+    lu_local,
+)
+from shardkit.linalg.triangular import as_columns, tri_solve_local
+
+__all__ = ["lu_solve", "solve"]
+
+
+def _lu_solve_local(a, perm, b, *, nb, p, axes):
+    b = b[perm]  # (Np, k) replicated: apply the row permutation
+    kw = dict(nb=nb, p=p, axes=axes)
+    y = tri_solve_local(a, b, lower=True, unit_diagonal=True, **kw)
+    return tri_solve_local(a, y, lower=False, **kw)
+
+
+@functools.partial(jax.jit, static_argnames=("mesh", "axes", "nb"))
+def _lu_solve_jit(packed, perm, b, mesh, axes, nb):
+    p = n_devices(mesh, axes)
+    n_pad = packed.shape[0]
+    b = constrain(jnp.pad(b.astype(packed.dtype), ((0, n_pad - b.shape[0]), (0, 0))), mesh, P())
+    f = functools.partial(_lu_solve_local, nb=nb, p=p, axes=axes)
+    return jax.shard_map(f, mesh=mesh, in_specs=(P(None, axes), P(), P()), out_specs=P())(
+        packed, perm, b
+    )
+
+
+@functools.partial(jax.jit, static_argnames=("mesh", "axes", "nb"))
+def _solve_jit(a, b, mesh, axes, nb):
+    p = n_devices(mesh, axes)
+    n = a.shape[0]
+    n_pad = layout.padded_size(n, nb, p)
+    a = constrain(_pad_identity(a, n_pad), mesh, P(axes, None))
+    b = constrain(jnp.pad(b.astype(a.dtype), ((0, n_pad - n), (0, 0))), mesh, P())
+
+    def local(a, b):
+        a = layout.rows_to_cyclic_local(a, block_size=nb, p=p, axes=axes)
+        a, ipiv, info = lu_local(a, nb=nb, p=p, axes=axes)
+        perm = lax.linalg.lu_pivots_to_permutation(ipiv, n_pad)
+        return _lu_solve_local(a, perm, b, nb=nb, p=p, axes=axes), info
+
+    x, info = jax.shard_map(local, mesh=mesh, in_specs=(P(axes, None), P()), out_specs=(P(), P()))(
+        a, b
+    )
+    return x[:n], info
+
+
+def _raise_if_singular(x: jax.Array, info: jax.Array, n: int) -> None:
+    if isinstance(x, jax.core.Tracer) or isinstance(info, jax.core.Tracer):
+        return  # inside jit: the caller reads info (documented)
+    i = int(info)
+    if i > 0:
+        raise SingularMatrixError(
+            f"a: the ({n}, {n}) matrix is singular: U[{i - 1}, {i - 1}] is exactly zero "
+            f"(info={i}). Check the matrix for dependent rows or columns, or use a "
+            "least-squares method (jnp.linalg.lstsq) instead."
+        )
+    if not bool(jnp.isfinite(x).all()):
+        raise SingularMatrixError(
+            f"a: the solution of the ({n}, {n}) system is not finite (the matrix is singular "
+            "to working precision or holds inf/NaN). Check the inputs, or use float64."
+        )
+
+
+def lu_solve(factors: LUFactors, b: jax.Array, *, check: bool = True) -> jax.Array:
+    """Solves ``A x = b`` with distributed LU factors of A.
+
+    Args:
+        factors: the result of :func:`~shardkit.linalg.lu`.
+        b: (N,) or (N, k) right-hand side(s), any sharding (replicated inside: N x k words).
+        check: raise when the factors say A is singular or x is not finite (skipped when
+            traced inside ``jit``; read ``factors.info`` there).
+
+    Returns:
+        x with the shape of ``b``, replicated.
+
+    Raises:
+        ValueError: ``b`` does not match the factored matrix.
+        SingularMatrixError: ``check`` and ``factors.info > 0`` or x is not finite.
+
+    Example:
+        >>> f = lu(a, mesh=mesh)
+        >>> x1, x2 = lu_solve(f, b1), lu_solve(f, b2)     # one factorization, two solves
+
+    See also: :func:`solve`, :func:`~shardkit.linalg.lu`.
+    """
+    b2, shape = as_columns(b, factors.n, "b")
+    x = _lu_solve_jit(
+        factors.lu, factors.perm, b2, factors.mesh, factors.axis_names, factors.block_size
+    )[: factors.n]
+    if check:
+        _raise_if_singular(x, factors.info, factors.n)
+    return x.reshape(shape)
+
+
+def solve(
+    a: jax.Array,
+    b: jax.Array,
+    *,
+    block_size: int = DEFAULT_BLOCK_SIZE,
+    mesh: Mesh | None = None,
+    axis_names: str | Sequence[str] | None = None,
+    check: bool = True,
+    return_info: bool = False,
+) -> jax.Array | tuple[jax.Array, jax.Array]:
+    """Solves ``A x = b`` for a distributed square matrix A with LU and partial pivoting.
+
+    The drop-in for ``jnp.linalg.solve`` on a sharded matrix: that one all-gathers the whole
+    matrix onto every device (and raises ``ShardingTypeError`` on Explicit axes); this one
+    keeps A distributed (see :func:`~shardkit.linalg.lu` for the algorithm).
+
+    Args:
+        a: (N, N) float32 or float64 matrix, any sharding; any N (padded internally).
+        b: (N,) or (N, k) right-hand side(s), any sharding (replicated inside: N x k words).
+        block_size: panel width nb (default 32).
+        mesh: the device mesh (default: ``a.sharding.mesh`` or ``jax.set_mesh``); Auto and
+            Explicit axis types both work.
+        axis_names: mesh axes to distribute over (default: all, flattened).
+        check: raise :class:`SingularMatrixError` on a zero pivot or a non-finite solution
+            (outside ``jit`` only).
+        return_info: also return the int32 ``info`` (0, or ``i`` when ``U[i-1, i-1] == 0``),
+            the way to detect singular matrices inside ``jit``.
+
+    Returns:
+        x with the shape of ``b``, replicated; ``(x, info)`` when ``return_info``.
+
+    Raises:
+        ValueError: ``a`` is not square, ``b`` does not match, ``block_size`` is not in
+            ``1..N``, or no mesh.
+        TypeError: ``a`` is not a real floating array.
+        SingularMatrixError: ``check`` and the matrix is singular.
+
+    Example:
+        >>> mesh = jax.make_mesh((8,), ("x",))
+        >>> a = jax.device_put(a, jax.NamedSharding(mesh, P("x", None)))
+        >>> x = solve(a, b)
+
+    See also: :func:`lu_solve`, :func:`~shardkit.linalg.cg`, :func:`~shardkit.linalg.batched_solve`.
+    """
+    _check_matrix(a, "a")
+    _check_block_size(block_size, a.shape[0])
+    b2, shape = as_columns(b, a.shape[0], "b")
+    mesh, axes = layout.resolve_mesh(a, mesh, axis_names, arg="a")
+    x, info = _solve_jit(a, b2, mesh, axes, block_size)
+    if check:
+        _raise_if_singular(x, info, a.shape[0])
+    x = x.reshape(shape)
+    return (x, info) if return_info else x

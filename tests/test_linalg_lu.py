@@ -1,0 +1,251 @@
+"""Distributed LU, lu_solve and solve: accuracy against one device, layout, HLO, memory, errors."""
+
+import importlib
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import AxisType, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import shardkit.linalg as sl
+from shardkit.inspection.hlo import collective_counts
+
+solve_mod = importlib.import_module("shardkit.linalg.solve")
+MESHES = {"1d": ((8,), ("x",)), "2d": ((2, 4), ("x", "y"))}
+
+
+def make_mesh(kind, axis_type):
+    shape, names = MESHES[kind]
+    return jax.make_mesh(shape, names, axis_types=(axis_type,) * len(shape))
+
+
+def relres(a, x, b):
+    """||Ax - b|| / (||A|| ||x|| + ||b||) in float64 on the host (2-norms)."""
+    a, x, b = (np.asarray(v, np.float64) for v in (a, x, b))
+    r = np.linalg.norm(a @ x - b)
+    return r / (np.linalg.norm(a, 2) * np.linalg.norm(x) + np.linalg.norm(b))
+
+
+def check_vs_reference(a, b, x, dtype):
+    """Asserts the residual is within 2x of single-device jnp.linalg.solve (floor: eps)."""
+    ref = jnp.linalg.solve(jnp.asarray(np.asarray(a)), jnp.asarray(np.asarray(b)))
+    r_ref, r = relres(a, ref, b), relres(a, x, b)
+    eps = float(jnp.finfo(dtype).eps)
+    assert r <= 2 * max(r_ref, eps), (r, r_ref)
+    return r, r_ref
+
+
+def random_system(n, dtype, seed=0, k=None):
+    ka, kb = jax.random.split(jax.random.key(seed))
+    a = jax.random.normal(ka, (n, n), dtype)
+    b = jax.random.normal(kb, (n,) if k is None else (n, k), dtype)
+    return a, b
+
+
+@pytest.mark.parametrize("kind", ["1d", "2d"])
+def test_solve_random_matches_single_device(kind, axis_type):
+    mesh = make_mesh(kind, axis_type)
+    axes = MESHES[kind][1]
+    a, b = random_system(128, jnp.float32)
+    a = jax.device_put(a, NamedSharding(mesh, P(axes, None)))
+    x = sl.solve(a, b, block_size=8)
+    assert x.shape == (128,)
+    assert x.sharding.is_fully_replicated
+    check_vs_reference(a, b, x, jnp.float32)
+
+
+def test_lu_factors_reconstruct_and_layout(axis_type):
+    mesh = make_mesh("1d", axis_type)
+    a, _ = random_system(64, jnp.float32, seed=3)
+    f = sl.lu(jax.device_put(a, NamedSharding(mesh, P("x", None))), block_size=4)
+    assert f.lu.sharding.spec == P(None, ("x",))
+    assert f.lu.addressable_shards[0].data.shape == (64, 8)  # N x N/P per device
+    assert int(f.info) == 0
+    perm, lower, upper = f.unpack()
+    np.testing.assert_allclose(np.asarray(a)[np.asarray(perm)], lower @ upper, atol=2e-5)
+    # Partial pivoting: every multiplier is at most 1 in magnitude.
+    assert float(jnp.abs(lower).max()) <= 1.0 + 1e-6
+    # Same pivots as LAPACK getrf on one device.
+    _, _, perm_ref = jax.lax.linalg.lu(jnp.asarray(np.asarray(a)))
+    np.testing.assert_array_equal(perm, perm_ref)
+
+
+def _pivot_matrices(n):
+    rng = np.random.default_rng(0)
+    zero_lead = rng.standard_normal((n, n))
+    zero_lead[0, 0] = 0.0
+    tiny_lead = rng.standard_normal((n, n))
+    tiny_lead[np.arange(n), np.arange(n)] = 1e-20
+    perm_identity = np.eye(n)[rng.permutation(n)]
+    # [[0, B], [C, 0]]: every leading principal minor of the first half is singular, so LU
+    # without pivoting divides by zero at the first step.
+    h = n // 2
+    block = np.zeros((n, n))
+    block[:h, h:] = rng.standard_normal((h, h)) + 4 * np.eye(h)
+    block[h:, :h] = rng.standard_normal((h, h)) + 4 * np.eye(h)
+    return {"zero_lead": zero_lead, "tiny_lead": tiny_lead, "perm_identity": perm_identity,
+            "block_antidiag": block}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", ["zero_lead", "tiny_lead", "perm_identity", "block_antidiag"])
+def test_solve_matrices_that_need_pivoting(name, axis_type):
+    mesh = make_mesh("1d", axis_type)
+    a = jnp.asarray(_pivot_matrices(64)[name], jnp.float32)
+    b = jnp.arange(64, dtype=jnp.float32) / 64
+    x = sl.solve(jax.device_put(a, NamedSharding(mesh, P("x", None))), b, block_size=8)
+    r, r_ref = check_vs_reference(a, b, x, jnp.float32)
+    assert r < 1e-5, (name, r, r_ref)
+
+
+def _ill_conditioned(n, cond, dtype, seed=0):
+    rng = np.random.default_rng(seed)
+    u, _ = np.linalg.qr(rng.standard_normal((n, n)))
+    v, _ = np.linalg.qr(rng.standard_normal((n, n)))
+    s = np.logspace(0, -np.log10(cond), n)
+    return jnp.asarray((u * s) @ v.T, dtype)
+
+
+@pytest.mark.parametrize("dtype,cond", [("float32", 1e5), ("float64", 1e12)])
+def test_solve_ill_conditioned_float32_float64(dtype, cond, axis_type):
+    with jax.enable_x64(True):
+        dt = jnp.dtype(dtype)
+        mesh = make_mesh("2d", axis_type)
+        a = _ill_conditioned(96, cond, dt)
+        b = jnp.asarray(np.random.default_rng(1).standard_normal(96), dt)
+        measured = np.linalg.cond(np.asarray(a, np.float64))
+        assert measured > cond / 10, measured  # the matrix really is ill-conditioned
+        x = sl.solve(jax.device_put(a, NamedSharding(mesh, P(("x", "y"), None))), b, block_size=4)
+        assert x.dtype == dt
+        r, r_ref = check_vs_reference(a, b, x, dt)
+        assert r < 50 * float(jnp.finfo(dt).eps), (f"cond={measured:.1e}", r, r_ref)
+
+
+def test_solve_float64_random(axis_type):
+    with jax.enable_x64(True):
+        mesh = make_mesh("1d", axis_type)
+        a, b = random_system(128, jnp.float64, seed=5)
+        x = sl.solve(a, b, mesh=mesh, block_size=8)
+        assert x.dtype == jnp.float64
+        r, _ = check_vs_reference(a, b, x, jnp.float64)
+        assert r < 1e-14
+
+
+@pytest.mark.parametrize("n,nb", [(100, 8), (50, 4), (72, 32)])
+def test_solve_sizes_not_multiple_of_block_are_padded(n, nb):
+    mesh = make_mesh("1d", AxisType.Explicit)
+    a, b = random_system(n, jnp.float32, seed=n)
+    x = sl.solve(a, b, mesh=mesh, block_size=nb)  # a replicated: N need not divide P
+    assert x.shape == (n,)
+    check_vs_reference(a, b, x, jnp.float32)
+
+
+def test_solve_many_rhs_sharded_b_and_lu_solve_reuse(axis_type):
+    mesh = make_mesh("2d", axis_type)
+    a, b = random_system(128, jnp.float32, seed=7, k=5)
+    a = jax.device_put(a, NamedSharding(mesh, P(("x", "y"), None)))
+    b = jax.device_put(b, NamedSharding(mesh, P(("x", "y"), None)))
+    x = sl.solve(a, b, block_size=16)
+    assert x.shape == (128, 5)
+    check_vs_reference(a, b, x, jnp.float32)
+    f = sl.lu(a, block_size=16)
+    np.testing.assert_allclose(sl.lu_solve(f, b), x, rtol=1e-5, atol=1e-5)
+    b1 = b[:, 0]
+    np.testing.assert_allclose(sl.lu_solve(f, b1), x[:, 0], rtol=1e-5, atol=1e-5)
+
+
+def test_solve_second_call_does_not_recompile():
+    mesh = make_mesh("1d", AxisType.Explicit)
+    a, b = random_system(64, jnp.float32, seed=11)
+    sl.solve(a, b, mesh=mesh, block_size=8)
+    size = solve_mod._solve_jit._cache_size()
+    sl.solve(a + 1.0, b, mesh=mesh, block_size=8)
+    assert solve_mod._solve_jit._cache_size() == size
+
+
+def _collective_sizes(hlo):
+    """Element counts of each collective's result (tuples summed)."""
+    sizes = []
+    kinds = "all-reduce|all-gather|all-to-all|collective-permute|reduce-scatter"
+    for line in hlo.splitlines():
+        m = re.search(r"=\s*(\(.*?\)|\S+)\s+(" + kinds + r")(-start)?\(", line)
+        if m:
+            dims = re.findall(r"\[([\d,]*)\]", m.group(1))
+            sizes.append((m.group(2), sum(int(np.prod([int(d) for d in s.split(",") if d]))
+                                          for s in dims)))  # fmt: skip
+    return sizes
+
+
+@pytest.mark.parametrize("kind", ["1d", "2d"])
+def test_compiled_solve_has_no_all_gather_and_small_collectives(kind, axis_type):
+    mesh = make_mesh(kind, axis_type)
+    axes = MESHES[kind][1]
+    n, nb = 256, 16
+    a = jax.ShapeDtypeStruct((n, n), jnp.float32, sharding=NamedSharding(mesh, P(axes, None)))
+    b = jax.ShapeDtypeStruct((n,), jnp.float32, sharding=NamedSharding(mesh, P()))
+    f = jax.jit(lambda a, b: sl.solve(a, b, block_size=nb, mesh=mesh))
+    hlo = f.lower(a, b).compile().as_text()
+    counts = collective_counts(hlo)
+    assert counts["all-gather"] == 0
+    assert counts["all-to-all"] == 1  # entering the layout, once per block column (in a loop)
+    assert counts["all-reduce"] >= 3  # panel broadcasts and the substitutions
+    sizes = _collective_sizes(hlo)
+    assert sizes and all(s <= max(n * nb, n) for _, s in sizes), sizes
+
+
+def test_per_device_memory_at_n2048_compile_only():
+    mesh = make_mesh("1d", AxisType.Explicit)
+    n = 2048
+    a = jax.ShapeDtypeStruct((n, n), jnp.float32, sharding=NamedSharding(mesh, P("x", None)))
+    b = jax.ShapeDtypeStruct((n,), jnp.float32, sharding=NamedSharding(mesh, P()))
+    compiled = jax.jit(lambda a, b: sl.solve(a, b, mesh=mesh)).lower(a, b).compile()
+    local = n * n * 4 / 8  # bytes of one device's shard of A
+    mem = compiled.memory_analysis()
+    assert mem.argument_size_in_bytes <= 1.01 * local + 4 * n
+    assert mem.temp_size_in_bytes <= 3.0 * local, mem.temp_size_in_bytes / local
+    assert collective_counts(compiled.as_text())["all-gather"] == 0
+
+
+def test_singular_matrix_raises_and_reports_info():
+    mesh = make_mesh("1d", AxisType.Explicit)
+    a = np.random.default_rng(0).standard_normal((64, 64)).astype(np.float32)
+    a[:, 10] = 0.0  # a zero column: U[10, 10] == 0 exactly
+    with pytest.raises(sl.SingularMatrixError, match=r"singular: U\[10, 10\] is exactly zero"):
+        sl.solve(jnp.asarray(a), jnp.ones(64), mesh=mesh, block_size=8)
+    f = sl.lu(jnp.asarray(a), mesh=mesh, block_size=8)
+    assert int(f.info) == 11
+    with pytest.raises(sl.SingularMatrixError, match="info=11"):
+        sl.lu_solve(f, jnp.ones(64))
+    # Inside jit nothing can raise: info is returned instead.
+    x, info = jax.jit(lambda a: sl.solve(a, jnp.ones(64), mesh=mesh, block_size=8,
+                                         return_info=True))(jnp.asarray(a))  # fmt: skip
+    assert int(info) == 11
+    zero_row = np.random.default_rng(1).standard_normal((64, 64)).astype(np.float32)
+    zero_row[40] = 0.0  # stays zero under elimination: the last pivot is exactly zero
+    with pytest.raises(sl.SingularMatrixError, match=r"U\[63, 63\] is exactly zero"):
+        sl.solve(jnp.asarray(zero_row), jnp.ones(64), mesh=mesh, block_size=8)
+    nan = np.random.default_rng(2).standard_normal((64, 64)).astype(np.float32)
+    nan[5, 7] = np.nan
+    with pytest.raises(sl.SingularMatrixError, match="solution .* is not finite"):
+        sl.solve(jnp.asarray(nan), jnp.ones(64), mesh=mesh, block_size=8)
+
+
+def test_bad_inputs_raise_clear_errors():
+    mesh = make_mesh("1d", AxisType.Explicit)
+    a, b = random_system(64, jnp.float32)
+    with pytest.raises(ValueError, match=r"a: expected a square matrix \(N, N\), got shape"):
+        sl.solve(a[:, :32], b, mesh=mesh)
+    with pytest.raises(ValueError, match=r"b: expected shape \(64,\) or \(64, k\)"):
+        sl.solve(a, b[:10], mesh=mesh)
+    with pytest.raises(ValueError, match="block_size: 128 is larger than the matrix size"):
+        sl.lu(a, mesh=mesh, block_size=128)
+    with pytest.raises(ValueError, match="block_size: must be a positive int"):
+        sl.lu(a, mesh=mesh, block_size=0)
+    with pytest.raises(TypeError, match="a: expected a real floating dtype"):
+        sl.lu(jnp.ones((64, 64), jnp.int32), mesh=mesh)
+    with pytest.raises(ValueError, match="a: no mesh found"):
+        sl.solve(np.asarray(a), b)
+    with pytest.raises(ValueError, match="axis_names: mesh axis 'z' is not in the mesh"):
+        sl.solve(a, b, mesh=mesh, axis_names="z")
