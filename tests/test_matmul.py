@@ -135,13 +135,17 @@ def test_second_call_does_not_recompile():
         ("8", ("x", None), ("x", None), "allgather"),
         ("2x4", ("x", "y"), ("x", "y"), "summa"),
         ("4x2", ("x", "y"), ("y", None), "reduce_scatter"),
+        ("4x2", ("x", "y"), ("y", None), "collective-bidirectional"),
+        ("2x4", ("x", "y"), ("y", None), "gspmd"),
     ],
 )
-def test_float64(mesh_name, sa, sb, algorithm):
+def test_float64(mesh_name, sa, sb, algorithm, axis_type):
+    bidi = algorithm.endswith("-bidirectional")
+    algorithm = algorithm.removesuffix("-bidirectional")
     with jax.enable_x64(True):
-        mesh = _make_mesh(mesh_name, AxisType.Explicit)
+        mesh = _make_mesh(mesh_name, axis_type)
         a, b, A, B = _operands(mesh, sa, sb, (64, 128, 32), dtype=np.float64)
-        C = skm(A, B, algorithm=algorithm)
+        C = skm(A, B, algorithm=algorithm, bidirectional=bidi)
         assert C.dtype == jnp.float64
         ref = a @ b
         np.testing.assert_allclose(np.asarray(C), ref, rtol=0, atol=1e-12 * np.abs(ref).max())
