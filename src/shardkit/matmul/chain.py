@@ -191,9 +191,9 @@ def chain(
             unknown mesh axes, an ``out_spec`` that does not divide the result.
 
     Example:
-        >>> plan = shardkit.matmul.chain([A, B, C, D])
+        >>> plan = shardkit.matmul.chain([A, B, C, D])   # A P('x', None), the rest P()
         >>> plan.tree, plan.comm_bytes
-        (((0, 1), 2), 3), 0)
+        ((((0, 1), 2), 3), 0)
 
     See also: :func:`gspmd_chain` (the compiler's left-to-right product, to compare).
     """

@@ -21,7 +21,7 @@ Three forms, picked from the layout (scaling-book notation):
 Example:
     >>> C = matmul(A, B, algorithm="collective")        # A P('x', None), B P(None, 'x')
     >>> C.sharding.spec
-    PartitionSpec(None, 'x')
+    P(None, 'x')
 """
 
 from __future__ import annotations

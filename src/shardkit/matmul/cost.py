@@ -9,10 +9,13 @@ summa). ``"gspmd"`` is never picked by auto: its collectives are the compiler's 
 exactly what the hand-written kernels make explicit.
 
 Example:
-    >>> print(explain(A, B))          # A P(None, 'x'), B P('x', None)
-    C = A[M, K_x] @ B[K_x, N] on mesh {'x': 8}, 32x64 @ 64x48 float32
-    algorithm       bytes moved  peak bytes   collectives            output
-    reduce_scatter        5,376      ...
+    >>> print(explain(A, B))          # A[64, 64] P(None, 'x'), B[64, 64] P('x', None)
+    C = A[M, K_x] @ B[K_x, N] on mesh {'x': 8}, 64x64 @ 64x64, 4 B/element
+    algorithm                    bytes moved  peak bytes  collectives           output
+    allgather                         28,672      53,248  2 all-gather          P(None, None)
+    reduce_scatter                    14,336      22,528  1 reduce-scatter      P('x', None)
+    collective                        14,336      10,240  7 collective-permute  P('x', None) <-
+    ...  (chosen: collective; columns narrowed here)
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ Example:
     >>> A = jax.device_put(a, NamedSharding(mesh, P("data", "model")))
     >>> B = jax.device_put(b, NamedSharding(mesh, P("data", "model")))
     >>> matmul(A, B, algorithm="summa").sharding.spec
-    PartitionSpec('data', 'model')
+    P('data', 'model')
 """
 
 from __future__ import annotations
