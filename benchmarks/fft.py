@@ -2,7 +2,7 @@
 
 Runs on 8 simulated CPU devices (Auto mesh axes, the only kind jaxDecomp compiles on) and prints,
 per size and mesh, side by side in one run: each method's best time over interleaved rounds,
-the speed-up over sharded `jnp.fft.fftn` (fftn/this), the time relative to jaxDecomp
+the speed-up over the sharded `jnp.fft` call it replaces (jnp/this), the time relative to jaxDecomp
 (this/jaxdecomp, <= 1.0 means at least as fast), the collectives in the compiled program, and
 the per-device temporaries as a multiple of the local shard L. jaxDecomp's pure-JAX backend is
 included when `import jaxdecomp` works (`pip install jaxdecomp`). Simulated devices share the
@@ -74,43 +74,58 @@ def run(n: int, mesh_shape: tuple[int, int]) -> None:
     kind = "pencil" if min(mesh_shape) > 1 else "slab"
     spec = P("x", "y")  # inside jit on Auto axes the spec cannot be read from a traced value
     sharding = NamedSharding(mesh, spec)
-    key = jax.random.key(0)
-    host = jax.random.normal(key, (n, n, n), jnp.float32).astype(jnp.complex64)
+    real_host = jax.random.normal(jax.random.key(0), (n, n, n), jnp.float32)
+    host = real_host.astype(jnp.complex64)
     x = jax.device_put(host, sharding)
+    xr = jax.device_put(real_host, sharding)
     one = jax.device_put(host, jax.devices()[0])
     local = x.nbytes / 8
+    # name -> (function, argument, the sharded jnp method it replaces)
     methods = {
-        f"shardkit {kind}, natural": jax.jit(lambda a: skfft.pfft3d(a, spec=spec)),
-        f"shardkit {kind}, transposed": jax.jit(
-            lambda a: skfft.pfft3d(a, layout="transposed", spec=spec)
+        f"shardkit {kind}, natural": (skfft.pfft3d, x, "fftn"),
+        f"shardkit {kind}, transposed": (
+            lambda a: skfft.pfft3d(a, layout="transposed", spec=spec),
+            x,
+            "fftn",
         ),
-        "jnp.fft.fftn, sharded": jax.jit(jnp.fft.fftn),
+        "jnp.fft.fftn, sharded": (jnp.fft.fftn, x, "fftn"),
     }
     if jaxdecomp is not None:
-        methods["jaxdecomp pfft3d (JAX)"] = jax.jit(lambda a: jaxdecomp.fft.pfft3d(a))
-    methods["jnp.fft.fftn, 1 device"] = jax.jit(jnp.fft.fftn)
-    args = {name: (one if "1 device" in name else x) for name in methods}
-    ref = np.asarray(methods["jnp.fft.fftn, 1 device"](one))
-    times = _interleaved_ms(methods, args)
+        methods["jaxdecomp pfft3d (JAX)"] = (lambda a: jaxdecomp.fft.pfft3d(a), x, "fftn")
+    methods["jnp.fft.fftn, 1 device"] = (jnp.fft.fftn, one, "fftn")
+    methods[f"shardkit prfft3d {kind} (real)"] = (skfft.prfft3d, xr, "rfftn")
+    methods["jnp.fft.rfftn, sharded (real)"] = (jnp.fft.rfftn, xr, "rfftn")
+    fns = {
+        name: jax.jit(
+            fn if fn not in (skfft.pfft3d, skfft.prfft3d) else (lambda a, fn=fn: fn(a, spec=spec))
+        )
+        for name, (fn, _, _) in methods.items()
+    }
+    args = {name: arg for name, (_, arg, _) in methods.items()}
+    refs = {"fftn": np.fft.fftn(np.asarray(host)), "rfftn": np.fft.rfftn(np.asarray(real_host))}
+    times = _interleaved_ms(fns, args)
     audits = {}
-    for name, fn in methods.items():
+    for name, fn in fns.items():
+        ref = refs[methods[name][2]]
         if "1 device" in name:
-            audits[name] = ("none", float("nan"), 0.0)
-            continue
-        coll, temp = _audit(fn, x, local)
-        out = np.asarray(fn(x))
+            audits[name] = ("none", float("nan"))
+        else:
+            audits[name] = _audit(fn, args[name], local)
+        out = np.asarray(fn(args[name]))
         if "transposed" in name or "jaxdecomp" in name:
             out = np.moveaxis(out, -1, 0)
-        audits[name] = (coll, temp, float(np.linalg.norm(out - ref) / np.linalg.norm(ref)))
-    t_fftn = times["jnp.fft.fftn, sharded"]
+        audits[name] += (float(np.linalg.norm(out - ref) / np.linalg.norm(ref)),)
+    base = {"fftn": times["jnp.fft.fftn, sharded"], "rfftn": times["jnp.fft.rfftn, sharded (real)"]}
     t_jd = times.get("jaxdecomp pfft3d (JAX)")
     print(f"\n{n}^3 complex64, mesh {mesh_shape} ({kind}), L = {local / 2**20:.2f} MiB per device")
-    head = f"  {'method':30s} {'ms':>8s} {'fftn/this':>9s} {'this/jaxdecomp':>14s}"
+    head = f"  {'method':32s} {'ms':>8s} {'jnp/this':>8s} {'this/jaxdecomp':>14s}"
     print(f"{head}  {'collectives':14s} {'temp/L':>7s} {'rel.err':>8s}")
     for name, t in times.items():
         coll, temp, err = audits[name]
-        vs_jd = f"{t / t_jd:14.2f}" if t_jd else f"{'-':>14s}"
-        print(f"  {name:30s} {t:8.1f} {t_fftn / t:9.2f} {vs_jd}  {coll:14s} {temp:7.2f} {err:8.1e}")
+        real = methods[name][2] == "rfftn"
+        vs_jd = f"{t / t_jd:14.2f}" if t_jd and not real else f"{'-':>14s}"
+        speedup = base[methods[name][2]] / t
+        print(f"  {name:32s} {t:8.1f} {speedup:8.2f} {vs_jd}  {coll:14s} {temp:7.2f} {err:8.1e}")
 
 
 def main() -> None:
@@ -119,6 +134,9 @@ def main() -> None:
         f"jax {jax.__version__}, {jax.device_count()} devices ({jax.default_backend()}), "
         f"jaxdecomp {'not installed' if jaxdecomp is None else jaxdecomp.__version__}"
     )
+    print("jnp/this: speed-up over the sharded jnp.fft call it replaces (fftn, or rfftn for real")
+    print("input); this/jaxdecomp: time over jaxDecomp's (same output layout as 'transposed');")
+    print("temp/L: per-device temporaries over the complex local shard L.")
     for n in sizes:
         for mesh_shape in [(2, 4), (4, 2), (8, 1)]:
             run(n, mesh_shape)
