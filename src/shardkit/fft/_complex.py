@@ -15,6 +15,11 @@ remains. The "transposed" layout rolls the FFT dims locally so the dim transform
 last, `y[Y_a, Z_b, X]`: its PartitionSpec equals the input's, and the inverse starts with a
 local FFT over the last dim. The inverse replays the steps backwards, so it returns the input
 layout exactly.
+
+Locally every 1-D FFT runs over the trailing dim (XLA's FFT transforms minor dims; `jnp.fft`
+along a middle dim adds a transpose on each side): after each all-to-all the block is rotated so
+the dim just gathered comes last. Two rotations end in the transposed layout; the natural layout
+costs one more local transpose.
 """
 
 from __future__ import annotations
