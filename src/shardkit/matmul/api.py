@@ -1,3 +1,4 @@
+# ruff: noqa: F722  (jaxtyping shape strings are not Python expressions)
 """``matmul``: one entry point for every sharded matmul algorithm."""
 
 from __future__ import annotations
@@ -6,6 +7,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+from jaxtyping import Array, Num
 
 from shardkit.matmul._layout import Layout, Method, layout_of, normalize_spec
 from shardkit.matmul.cases import run_recipe
@@ -27,13 +29,13 @@ def kernel(L: Layout, method: Method, dtype: jnp.dtype):
 
 
 def matmul(
-    a: jax.Array,
-    b: jax.Array,
+    a: Num[Array, "m k"],
+    b: Num[Array, "k n"],
     *,
     algorithm: str = "auto",
     out_spec: object = None,
     bidirectional: bool = False,
-) -> jax.Array:
+) -> Num[Array, "m n"]:
     """Multiplies sharded matrices C = A @ B with a chosen distributed algorithm.
 
     The mesh and layouts are read from the operands' NamedShardings (one mesh axis or None per
