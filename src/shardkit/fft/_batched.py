@@ -85,7 +85,7 @@ def batched_fftn(
         >>> mesh = jax.make_mesh((8,), ("data",))
         >>> x = jax.device_put(jnp.ones((8, 16, 16)), NamedSharding(mesh, P("data")))
         >>> shardkit.fft.batched_fftn(x, axes=(1, 2)).sharding.spec
-        PartitionSpec('data',)
+        P('data', None, None)
 
     See also:
         `batched_ifftn`, `pfft2d`, `pfft3d`.

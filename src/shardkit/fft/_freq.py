@@ -49,7 +49,7 @@ def spectral_layout(
         >>> s = jax.ShapeDtypeStruct((16, 16, 16), jnp.float32,
         ...                          sharding=NamedSharding(mesh, P("x", "y")))
         >>> shardkit.fft.spectral_layout(s, layout="transposed")
-        SpectralLayout(shape=(16, 16, 16), spec=PartitionSpec('x', 'y', None), axes=(1, 2, 0))
+        SpectralLayout(shape=(16, 16, 16), spec=P('x', 'y', None), axes=(1, 2, 0))
 
     See also:
         `pfft3d`, `prfft3d`, `fftfreq3d`.

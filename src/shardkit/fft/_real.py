@@ -200,7 +200,7 @@ def prfft3d(
         >>> x = jax.device_put(jnp.ones((16, 16, 15)), NamedSharding(mesh, P("x", "y")))
         >>> y = shardkit.fft.prfft3d(x)
         >>> y.shape, y.sharding.spec
-        ((16, 16, 8), PartitionSpec(None, ('x', 'y'), None))
+        ((16, 16, 8), P(None, ('x', 'y'), None))
 
     See also:
         `pirfft3d`, `pfft3d`, `fftfreq3d` (with `real=True`).
