@@ -7,6 +7,13 @@ works on Auto and Explicit mesh axes; none all-gathers the matrix. See ``docs/li
 from shardkit.linalg.batched import batched_solve as batched_solve
 from shardkit.linalg.cg import CGInfo as CGInfo
 from shardkit.linalg.cg import cg as cg
+from shardkit.linalg.cholesky import CholeskyFactors as CholeskyFactors
+from shardkit.linalg.cholesky import NotPositiveDefiniteError as NotPositiveDefiniteError
+from shardkit.linalg.cholesky import cho_solve as cho_solve
+from shardkit.linalg.cholesky import cholesky as cholesky
+from shardkit.linalg.det import SlogdetResult as SlogdetResult
+from shardkit.linalg.det import det as det
+from shardkit.linalg.det import slogdet as slogdet
 from shardkit.linalg.layout import column_cyclic_order as column_cyclic_order
 from shardkit.linalg.layout import from_column_cyclic as from_column_cyclic
 from shardkit.linalg.layout import padded_size as padded_size
@@ -19,6 +26,13 @@ from shardkit.linalg.solve import solve as solve
 from shardkit.linalg.triangular import triangular_solve as triangular_solve
 
 __all__ = [
+    "CholeskyFactors",
+    "NotPositiveDefiniteError",
+    "SlogdetResult",
+    "cho_solve",
+    "cholesky",
+    "det",
+    "slogdet",
     "CGInfo",
     "batched_solve",
     "cg",

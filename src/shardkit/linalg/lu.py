@@ -59,7 +59,7 @@ class SingularMatrixError(ValueError):
 
 @functools.partial(
     jax.tree_util.register_dataclass,
-    data_fields=["lu", "perm", "info"],
+    data_fields=["lu", "perm", "pivots", "info"],
     meta_fields=["n", "block_size", "mesh", "axis_names"],
 )
 @dataclasses.dataclass(frozen=True)
@@ -72,6 +72,7 @@ class LUFactors:
             ``P(None, axis_names)``. ``Np`` is N padded to a multiple of ``block_size * P``
             (the padding is an identity block).
         perm: (Np,) int32 row permutation, replicated.
+        pivots: (Np,) int32 LAPACK row interchanges (row ``i`` swapped with ``pivots[i]``).
         info: int32 scalar, LAPACK ``getrf`` convention: 0 on success, ``i > 0`` when ``U[i-1,
             i-1]`` is exactly zero (the matrix is singular; solves would divide by zero).
         n: the unpadded size N.
@@ -82,6 +83,7 @@ class LUFactors:
 
     lu: jax.Array
     perm: jax.Array
+    pivots: jax.Array
     info: jax.Array
     n: int
     block_size: int
@@ -102,12 +104,15 @@ class LUFactors:
 
 
 def _pad_identity(a: jax.Array, n_pad: int) -> jax.Array:
+    """Pads (N, N) to (n_pad, n_pad) with an identity block (elementwise: no scatter into a
+    sharded array, which Explicit axes refuse)."""
     n = a.shape[0]
     if n_pad == n:
         return a
     a = jnp.pad(a, ((0, n_pad - n), (0, n_pad - n)))
-    idx = jnp.arange(n, n_pad)
-    return a.at[idx, idx].set(1)
+    i = lax.broadcasted_iota(jnp.int32, (n_pad, n_pad), 0)
+    j = lax.broadcasted_iota(jnp.int32, (n_pad, n_pad), 1)
+    return jnp.where((i == j) & (i >= n), jnp.ones((), a.dtype), a)
 
 
 def _lu_steps(a, ipiv, info, *, j0, j1, row0, col0, nb, p, axes, col_block):
@@ -199,10 +204,10 @@ def _lu_jit(a, mesh, axes, nb):
     def local(a):
         a = layout.rows_to_cyclic_local(a, block_size=nb, p=p, axes=axes)
         a, ipiv, info = lu_local(a, nb=nb, p=p, axes=axes)
-        return a, lax.linalg.lu_pivots_to_permutation(ipiv, n_pad), info
+        return a, lax.linalg.lu_pivots_to_permutation(ipiv, n_pad), ipiv, info
 
     return jax.shard_map(
-        local, mesh=mesh, in_specs=P(axes, None), out_specs=(P(None, axes), P(), P())
+        local, mesh=mesh, in_specs=P(axes, None), out_specs=(P(None, axes), P(), P(), P())
     )(a)
 
 
@@ -271,5 +276,5 @@ def lu(
     _check_matrix(a, "a")
     _check_block_size(block_size, a.shape[0])
     mesh, axes = layout.resolve_mesh(a, mesh, axis_names, arg="a")
-    packed, perm, info = _lu_jit(a, mesh, axes, block_size)
-    return LUFactors(packed, perm, info, a.shape[0], block_size, mesh, axes)
+    packed, perm, pivots, info = _lu_jit(a, mesh, axes, block_size)
+    return LUFactors(packed, perm, pivots, info, a.shape[0], block_size, mesh, axes)

@@ -36,6 +36,7 @@ from jax.sharding import PartitionSpec as P
 
 from shardkit.linalg import layout
 from shardkit.linalg.layout import constrain, n_devices, zeros_varying
+from shardkit.linalg.lu import _check_block_size, _check_matrix, _pad_identity
 
 __all__ = ["triangular_solve"]
 
@@ -118,10 +119,7 @@ def _tri_jit(a, b, mesh, axes, nb, lower, transpose, unit_diagonal):
     n = a.shape[0]
     n_pad = layout.padded_size(n, nb, p)
     pad = n_pad - n
-    if pad:
-        a = jnp.pad(a, ((0, pad), (0, pad)))
-        a = a.at[jnp.arange(n, n_pad), jnp.arange(n, n_pad)].set(1)
-    a = constrain(a, mesh, P(axes, None))
+    a = constrain(_pad_identity(a, n_pad), mesh, P(axes, None))
     b = constrain(jnp.pad(b.astype(a.dtype), ((0, pad), (0, 0))), mesh, P())
 
     def local(a, b):
@@ -169,7 +167,6 @@ def triangular_solve(
 
     See also: :func:`shardkit.linalg.lu_solve`, :func:`shardkit.linalg.cho_solve`.
     """
-    from shardkit.linalg.lu import _check_block_size, _check_matrix
 
     _check_matrix(a, "a")
     _check_block_size(block_size, a.shape[0])

@@ -1,0 +1,126 @@
+"""Determinants of distributed matrices from their LU factors.
+
+``det(A) = (-1)^s * prod(diag(U))`` where ``s`` is the number of row interchanges. Every device
+owns whole columns of U, so it reads its own diagonal entries; one ``psum`` of two scalars
+(log|.| sum and the count of negative entries) finishes the job. :func:`slogdet` is the
+overflow-safe form; a zero pivot gives ``sign = 0`` and ``logabsdet = -inf``.
+
+Example:
+    >>> mesh = jax.make_mesh((8,), ("x",))
+    >>> a = jax.random.normal(jax.random.key(0), (64, 64))
+    >>> sign, logdet = slogdet(a, mesh=mesh)
+    >>> s_ref, l_ref = jnp.linalg.slogdet(a)
+    >>> bool(sign == s_ref), bool(jnp.isclose(logdet, l_ref, rtol=1e-4))
+    (True, True)
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
+
+from shardkit.linalg.layout import n_devices
+from shardkit.linalg.lu import DEFAULT_BLOCK_SIZE, LUFactors, lu
+
+__all__ = ["SlogdetResult", "det", "slogdet"]
+
+
+class SlogdetResult(NamedTuple):
+    """``det(A) == sign * exp(logabsdet)``."""
+
+    sign: jax.Array
+    logabsdet: jax.Array
+
+
+def _diag_stats_local(a, *, nb, p, axes):
+    kc = a.shape[1]
+    col_block = (jnp.arange(kc) // nb) * p + lax.axis_index(axes)
+    gcol = col_block * nb + jnp.arange(kc) % nb  # global column of each local column
+    diag = a[gcol, jnp.arange(kc)]  # this device's entries of diag(U)
+    stats = jnp.stack(
+        [jnp.sum(jnp.log(jnp.abs(diag))), jnp.sum(diag < 0).astype(a.dtype), jnp.sum(diag == 0)]
+    )
+    return lax.psum(stats, axes)
+
+
+@functools.partial(jax.jit, static_argnames=("mesh", "axes", "nb"))
+def _slogdet_jit(packed, pivots, mesh, axes, nb):
+    f = functools.partial(_diag_stats_local, nb=nb, p=n_devices(mesh, axes), axes=axes)
+    log_abs, negatives, zeros = jax.shard_map(f, mesh=mesh, in_specs=P(None, axes), out_specs=P())(
+        packed
+    )
+    swaps = jnp.sum(pivots != jnp.arange(pivots.shape[0], dtype=pivots.dtype))
+    sign = jnp.where((swaps + negatives.astype(swaps.dtype)) % 2 == 0, 1, -1).astype(packed.dtype)
+    singular = zeros > 0
+    return SlogdetResult(
+        jnp.where(singular, 0, sign).astype(packed.dtype),
+        jnp.where(singular, -jnp.inf, log_abs).astype(packed.dtype),
+    )
+
+
+def slogdet(
+    a: jax.Array | LUFactors,
+    *,
+    block_size: int = DEFAULT_BLOCK_SIZE,
+    mesh: Mesh | None = None,
+    axis_names: str | Sequence[str] | None = None,
+) -> SlogdetResult:
+    """Sign and natural log of the absolute determinant of a distributed square matrix.
+
+    Args:
+        a: (N, N) matrix (factored with :func:`~shardkit.linalg.lu`), or its
+            :class:`~shardkit.linalg.LUFactors` (then the other options are ignored).
+        block_size, mesh, axis_names: passed to :func:`~shardkit.linalg.lu`.
+
+    Returns:
+        ``SlogdetResult(sign, logabsdet)``, replicated scalars; ``(0, -inf)`` when a pivot is
+        exactly zero.
+
+    Raises:
+        ValueError, TypeError: as :func:`~shardkit.linalg.lu` for a bad matrix.
+
+    Example:
+        >>> sign, logdet = slogdet(a, mesh=jax.make_mesh((8,), ("x",)))
+
+    See also: :func:`det`, :func:`~shardkit.linalg.lu`.
+    """
+    f = a if isinstance(a, LUFactors) else lu(a, block_size=block_size, mesh=mesh,
+                                              axis_names=axis_names)  # fmt: skip
+    return _slogdet_jit(f.lu, f.pivots, f.mesh, f.axis_names, f.block_size)
+
+
+def det(
+    a: jax.Array | LUFactors,
+    *,
+    block_size: int = DEFAULT_BLOCK_SIZE,
+    mesh: Mesh | None = None,
+    axis_names: str | Sequence[str] | None = None,
+) -> jax.Array:
+    """Determinant of a distributed square matrix, ``sign * exp(logabsdet)``.
+
+    Overflows to inf (or underflows to 0) for large N where :func:`slogdet` does not.
+
+    Args:
+        a: (N, N) matrix or its :class:`~shardkit.linalg.LUFactors`.
+        block_size, mesh, axis_names: passed to :func:`~shardkit.linalg.lu`.
+
+    Returns:
+        The determinant, a replicated scalar (0 for an exactly singular matrix).
+
+    Raises:
+        ValueError, TypeError: as :func:`~shardkit.linalg.lu` for a bad matrix.
+
+    Example:
+        >>> det(2 * jnp.eye(8), mesh=jax.make_mesh((8,), ("x",)), block_size=1)   # 256.0
+
+    See also: :func:`slogdet`.
+    """
+    sign, logabsdet = slogdet(a, block_size=block_size, mesh=mesh, axis_names=axis_names)
+    return sign * jnp.exp(logabsdet)
