@@ -62,8 +62,12 @@ class Checkpointer:
             cleanup_tmp_directories=True,
             create=True,
         )
+        handlers = {
+            "state": ocp.StandardCheckpointHandler(),
+            "meta": ocp.JsonCheckpointHandler(),
+        }
         self.manager = ocp.CheckpointManager(
-            self.directory, options=options, item_names=("state", "meta")
+            self.directory, options=options, item_handlers=handlers
         )
 
     def latest_step(self) -> int | None:

@@ -72,8 +72,9 @@ def build_trainer(cfg: TrainConfig, devices=None):
         seq_len=data.seq_len,
         remat=cfg.remat,
     )
+    warmup = min(cfg.warmup, cfg.steps - 1)
     schedule = optax.warmup_cosine_decay_schedule(
-        0.0, cfg.lr, min(cfg.warmup, cfg.steps), max(cfg.steps, 1), cfg.lr / 10
+        0.0, cfg.lr, warmup, max(cfg.steps, warmup + 1), cfg.lr / 10
     )
     strategy = from_name(cfg.strategy, mesh=cfg.mesh)
     trainer = Trainer(

@@ -1,0 +1,160 @@
+"""Strategies: mesh axes, specs from logical names and patterns, expected collectives, errors."""
+
+import jax
+import pytest
+from flax import nnx
+from jax.sharding import PartitionSpec as P
+
+from shardkit.models import GPT, GPTConfig, logical_axes
+from shardkit.strategies import (
+    FSDP,
+    Auto,
+    DataParallel,
+    Hybrid,
+    TensorParallel,
+    UnmatchedLeafError,
+    from_name,
+)
+
+CFG = GPTConfig(vocab=16, d_model=32, n_layers=2, n_heads=4, seq_len=16)
+
+
+@pytest.fixture(scope="module")
+def gpt():
+    model = nnx.eval_shape(lambda: GPT(CFG, rngs=nnx.Rngs(0)))
+    return nnx.to_pure_dict(nnx.state(model, nnx.Param)), logical_axes(model)
+
+
+def test_mesh_axes():
+    assert DataParallel().mesh_axes(8) == {"data": 8}
+    assert FSDP().mesh_axes(8) == {"fsdp": 8}
+    assert TensorParallel(tensor=4).mesh_axes(4) == {"tensor": 4}
+    assert Hybrid(data=2, fsdp=2, tensor=2).mesh_axes(8) == {"data": 2, "fsdp": 2, "tensor": 2}
+    assert Hybrid(fsdp=-1, tensor=2).mesh_axes(8) == {"fsdp": 4, "tensor": 2}
+    assert DataParallel().mesh_axes(1) == {"data": 1}
+    mesh = Hybrid(data=2, tensor=-1).make_mesh(axis_types="explicit")
+    assert dict(mesh.shape) == {"data": 2, "tensor": 4}
+    assert mesh.axis_types == (jax.sharding.AxisType.Explicit,) * 2
+
+
+def test_specs_follow_logical_names(axis_type, gpt):
+    params, logical = gpt
+    kind = "explicit" if axis_type == jax.sharding.AxisType.Explicit else "auto"
+    s = Hybrid(data=2, fsdp=2, tensor=2)
+    mesh = s.make_mesh(axis_types=kind)
+    specs = s.param_specs(params, mesh, logical=logical)
+    # Megatron: q/k/v and up column-parallel, out and down row-parallel, vocab-parallel ends
+    assert specs["blocks"]["q"] == P(None, "fsdp", "tensor", None)
+    assert specs["blocks"]["out"] == P(None, "tensor", None, "fsdp")
+    assert specs["blocks"]["up"] == P(None, "fsdp", "tensor")
+    assert specs["blocks"]["down"] == P(None, "tensor", "fsdp")
+    assert specs["embedding"] == P("tensor", "fsdp")
+    assert specs["head"] == P("fsdp", "tensor")
+    # the stacked "layers" axis is never split
+    assert all(
+        sp[0] is None for sp in jax.tree.leaves(specs["blocks"], is_leaf=lambda x: isinstance(x, P))
+    )
+    assert s.batch_spec(mesh, 2) == P(("data", "fsdp"), None)
+    assert s.compute_spec(P("fsdp", "tensor")) == P(None, "tensor")
+    assert s.compute_spec(P(("data", "fsdp"), None)) == P("data", None)
+
+
+def test_zero1_splits_only_optimizer_state(gpt):
+    params, logical = gpt
+    s = FSDP(zero=1)
+    mesh = s.make_mesh()
+    assert s.param_specs(params, mesh, logical=logical)["blocks"]["up"] == P(None, None, None)
+    assert s.opt_state_specs(params, mesh, logical=logical)["blocks"]["up"] == P(None, None, "fsdp")
+
+
+def test_fsdp_picks_largest_divisible_dim_and_skips_indivisible():
+    s = FSDP()
+    mesh = s.make_mesh()
+    tree = {
+        "w": jax.ShapeDtypeStruct((24, 64), "float32"),
+        "odd": jax.ShapeDtypeStruct((3, 5), "float32"),
+    }
+    specs = s.param_specs(tree, mesh)
+    assert specs == {"w": P(None, "fsdp"), "odd": P(None, None)}
+
+
+def test_tensor_rules_for_plain_pytrees():
+    s = TensorParallel(tensor_rules=((r"up", 1), (r"down", 0), (r".*", None)))
+    mesh = s.make_mesh()
+    tree = {
+        "up": jax.ShapeDtypeStruct((16, 64), "float32"),
+        "down": jax.ShapeDtypeStruct((64, 16), "float32"),
+        "bias": jax.ShapeDtypeStruct((16,), "float32"),
+    }
+    assert s.param_specs(tree, mesh) == {
+        "up": P(None, "tensor"),
+        "down": P("tensor", None),
+        "bias": P(None),
+    }
+
+
+def test_leaf_no_rule_matches_is_a_clear_error():
+    tree = {"w": jax.ShapeDtypeStruct((16, 64), "float32")}
+    s = TensorParallel(tensor_rules=((r"up", 1),))
+    with pytest.raises(UnmatchedLeafError, match=r"leaf 'w' \(shape \(16, 64\)\).*fix"):
+        s.param_specs(tree, s.make_mesh())
+    with pytest.raises(UnmatchedLeafError, match="no logical axis names.*tensor_rules"):
+        TensorParallel().param_specs(tree, TensorParallel().make_mesh())
+
+
+def test_expected_collectives():
+    dp = DataParallel()
+    e = dp.expected_collectives(dp.make_mesh())
+    assert e.check({"all-reduce": 3}) == []
+    assert e.check({"all-reduce": 3, "all-gather": 2}) == ["unexpected all-gather x2"]
+    assert e.check({}) == ["missing all-reduce or reduce-scatter (gradients summed over the "
+                           "batch-split axes)"]  # fmt: skip
+    f = FSDP()
+    e = f.expected_collectives(f.make_mesh())
+    assert e.check({"all-gather": 4, "reduce-scatter": 4}) == []
+    assert "missing all-gather" in e.check({"all-reduce": 4})[0]
+    one = DataParallel()
+    e = one.expected_collectives(one.make_mesh(jax.devices()[:1]))
+    assert e.required == () and e.check({"all-reduce": 1}) == ["unexpected all-reduce x1"]
+
+
+def test_auto_choices(gpt):
+    params, logical = gpt
+    s, why = Auto().choose(params, n_devices=8, logical=logical)
+    assert s == Hybrid(data=-1, tensor=2) and "fits" in why
+    s, why = Auto(memory_per_device=1 << 16).choose(params, n_devices=8, logical=logical)
+    assert s == Hybrid(fsdp=-1, tensor=2) and "does not fit" in why and "ZeRO-3" in why
+    assert Auto().choose(params, n_devices=8)[0] == DataParallel()
+    assert Auto().choose(params, n_devices=1)[0] == DataParallel()
+    with pytest.raises(ValueError, match="batch=6 is not divisible by the 4 devices"):
+        Auto().choose(params, n_devices=8, logical=logical, batch=6)
+
+
+def test_from_name():
+    assert from_name("dp") == DataParallel()
+    assert from_name("zero1", mesh={"fsdp": 8}) == FSDP(fsdp=8, zero=1)
+    assert from_name("hybrid", mesh={"data": 2, "fsdp": 2, "tensor": 2}) == Hybrid(
+        data=2, fsdp=2, tensor=2
+    )
+    assert from_name("auto") == Auto()
+    with pytest.raises(ValueError, match="unknown strategy 'ring'.*fix"):
+        from_name("ring")
+    with pytest.raises(ValueError, match="unknown mesh axis 'model'"):
+        from_name("hybrid", mesh={"model": 2})
+    with pytest.raises(ValueError, match="uses only mesh axis 'data'"):
+        from_name("dp", mesh={"tensor": 2})
+    with pytest.raises(ValueError, match="chooses the mesh itself"):
+        from_name("auto", mesh={"data": 8})
+
+
+def test_bad_degrees_are_clear_errors():
+    with pytest.raises(ValueError, match="zero=2 is not a supported ZeRO stage"):
+        FSDP(zero=2)
+    with pytest.raises(ValueError, match="only one degree may be -1"):
+        Hybrid(data=-1, fsdp=-1)
+    with pytest.raises(ValueError, match="data=0 must be a positive degree"):
+        DataParallel(data=0)
+    with pytest.raises(ValueError, match="needs 12 devices .* 8 are available"):
+        Hybrid(data=3, tensor=4).mesh_axes(8)
+    with pytest.raises(ValueError, match="does not divide 8 devices"):
+        Hybrid(data=3, tensor=-1).mesh_axes(8)
