@@ -26,6 +26,7 @@ from jax import lax
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
+from shardkit.linalg.grid import _global_index
 from shardkit.linalg.layout import n_devices
 from shardkit.linalg.lu import DEFAULT_BLOCK_SIZE, LUFactors, lu
 
@@ -50,12 +51,28 @@ def _diag_stats_local(a, *, nb, p, axes):
     return lax.psum(stats, axes)
 
 
-@functools.partial(jax.jit, static_argnames=("mesh", "axes", "nb"))
-def _slogdet_jit(packed, pivots, mesh, axes, nb):
-    f = functools.partial(_diag_stats_local, nb=nb, p=n_devices(mesh, axes), axes=axes)
-    log_abs, negatives, zeros = jax.shard_map(f, mesh=mesh, in_specs=P(None, axes), out_specs=P())(
-        packed
+def _diag_stats_grid_local(a, *, nb, pr, pc, grid):
+    m_loc, n_loc = a.shape
+    grow = _global_index(m_loc, nb, pr, lax.axis_index(grid[0]))
+    gcol = _global_index(n_loc, nb, pc, lax.axis_index(grid[1]))
+    on_diag = grow[:, None] == gcol[None, :]  # this device's entries of diag(U)
+    diag = jnp.where(on_diag, a, 1)
+    stats = jnp.stack(
+        [jnp.sum(jnp.log(jnp.abs(diag))), jnp.sum(diag < 0).astype(a.dtype), jnp.sum(diag == 0)]
     )
+    return lax.psum(stats, grid)
+
+
+@functools.partial(jax.jit, static_argnames=("mesh", "axes", "nb", "grid"))
+def _slogdet_jit(packed, pivots, mesh, axes, nb, grid):
+    if grid is None:
+        f = functools.partial(_diag_stats_local, nb=nb, p=n_devices(mesh, axes), axes=axes)
+        spec = P(None, axes)
+    else:
+        pr, pc = (mesh.shape[a] for a in grid)
+        f = functools.partial(_diag_stats_grid_local, nb=nb, pr=pr, pc=pc, grid=grid)
+        spec = P(*grid)
+    log_abs, negatives, zeros = jax.shard_map(f, mesh=mesh, in_specs=spec, out_specs=P())(packed)
     swaps = jnp.sum(pivots != jnp.arange(pivots.shape[0], dtype=pivots.dtype))
     sign = jnp.where((swaps + negatives.astype(swaps.dtype)) % 2 == 0, 1, -1).astype(packed.dtype)
     singular = zeros > 0
@@ -71,6 +88,7 @@ def slogdet(
     block_size: int = DEFAULT_BLOCK_SIZE,
     mesh: Mesh | None = None,
     axis_names: str | Sequence[str] | None = None,
+    grid: tuple[str, str] | None = None,
 ) -> SlogdetResult:
     """Sign and natural log of the absolute determinant of a distributed square matrix.
 
@@ -78,6 +96,7 @@ def slogdet(
         a: (N, N) matrix (factored with :func:`~shardkit.linalg.lu`), or its
             :class:`~shardkit.linalg.LUFactors` (then the other options are ignored).
         block_size, mesh, axis_names: passed to :func:`~shardkit.linalg.lu`.
+        grid: ``(row_axis, col_axis)`` to factor on a 2-D process grid.
 
     Returns:
         ``SlogdetResult(sign, logabsdet)``, replicated scalars; ``(0, -inf)`` when a pivot is
@@ -92,8 +111,8 @@ def slogdet(
     See also: :func:`det`, :func:`~shardkit.linalg.lu`.
     """
     f = a if isinstance(a, LUFactors) else lu(a, block_size=block_size, mesh=mesh,
-                                              axis_names=axis_names)  # fmt: skip
-    return _slogdet_jit(f.lu, f.pivots, f.mesh, f.axis_names, f.block_size)
+                                              axis_names=axis_names, grid=grid)  # fmt: skip
+    return _slogdet_jit(f.lu, f.pivots, f.mesh, f.axis_names, f.block_size, f.grid)
 
 
 def det(

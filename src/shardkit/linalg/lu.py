@@ -44,6 +44,7 @@ from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 from shardkit.linalg import layout
+from shardkit.linalg.grid import check_grid, grid_orders, lu_grid_jit
 from shardkit.linalg.layout import constrain, n_devices
 
 __all__ = ["LUFactors", "SingularMatrixError", "lu"]
@@ -60,7 +61,7 @@ class SingularMatrixError(ValueError):
 @functools.partial(
     jax.tree_util.register_dataclass,
     data_fields=["lu", "perm", "pivots", "info"],
-    meta_fields=["n", "block_size", "mesh", "axis_names"],
+    meta_fields=["n", "block_size", "mesh", "axis_names", "grid"],
 )
 @dataclasses.dataclass(frozen=True)
 class LUFactors:
@@ -79,6 +80,8 @@ class LUFactors:
         block_size: nb.
         mesh: the device mesh.
         axis_names: the mesh axes the columns are distributed over.
+        grid: ``(row_axis, col_axis)`` for factors on a 2-D process grid (then ``lu`` is in the
+            2-D block-cyclic layout, sharded ``P(row_axis, col_axis)``), else None.
     """
 
     lu: jax.Array
@@ -89,16 +92,25 @@ class LUFactors:
     block_size: int
     mesh: Mesh
     axis_names: tuple[str, ...]
+    grid: tuple[str, str] | None = None
 
     def unpack(self) -> tuple[jax.Array, jax.Array, jax.Array]:
         """Returns ``(perm, L, U)`` as (N,), (N, N), (N, N) arrays in natural order.
 
         Gathers the factors: meant for tests and small matrices.
         """
-        natural = layout.from_column_cyclic(
-            self.lu, block_size=self.block_size, mesh=self.mesh, axis_names=self.axis_names
-        )
-        packed = jnp.asarray(np.asarray(natural)[: self.n, : self.n])  # gathered on the host
+        n_pad = self.lu.shape[0]
+        if self.grid is None:
+            rows = np.arange(n_pad)
+            cols = layout.column_cyclic_order(
+                n_pad, self.block_size, n_devices(self.mesh, self.axis_names)
+            )
+        else:
+            pr, pc = (self.mesh.shape[a] for a in self.grid)
+            rows, cols = grid_orders(n_pad, self.block_size, pr, pc)
+        natural = np.empty(self.lu.shape, self.lu.dtype)
+        natural[np.ix_(rows, cols)] = np.asarray(self.lu)  # gathered on the host
+        packed = jnp.asarray(natural[: self.n, : self.n])
         lower = jnp.tril(packed, -1) + jnp.eye(self.n, dtype=packed.dtype)
         return jnp.asarray(np.asarray(self.perm)[: self.n]), lower, jnp.triu(packed)
 
@@ -241,6 +253,7 @@ def lu(
     block_size: int = DEFAULT_BLOCK_SIZE,
     mesh: Mesh | None = None,
     axis_names: str | Sequence[str] | None = None,
+    grid: tuple[str, str] | None = None,
 ) -> LUFactors:
     """LU factorization with partial pivoting of a distributed square matrix.
 
@@ -256,6 +269,9 @@ def lu(
         mesh: the device mesh (default: ``a.sharding.mesh`` or the mesh set by
             ``jax.set_mesh``); Auto and Explicit axis types both work.
         axis_names: mesh axes to distribute the columns over (default: all, flattened).
+        grid: ``(row_axis, col_axis)``: factor on a 2-D block-cyclic process grid over those
+            two mesh axes instead (ScaLAPACK-style; communication per device falls as
+            N^2 / sqrt(P)). N is padded to a multiple of ``nb * P * P_r``.
 
     Returns:
         :class:`LUFactors` with ``a[perm] == L @ U``. ``info > 0`` flags an exactly zero pivot
@@ -276,5 +292,9 @@ def lu(
     _check_matrix(a, "a")
     _check_block_size(block_size, a.shape[0])
     mesh, axes = layout.resolve_mesh(a, mesh, axis_names, arg="a")
+    if grid is not None:
+        grid = check_grid(mesh, grid)
+        packed, perm, pivots, info = lu_grid_jit(a, mesh, grid, block_size)
+        return LUFactors(packed, perm, pivots, info, a.shape[0], block_size, mesh, grid, grid)
     packed, perm, pivots, info = _lu_jit(a, mesh, axes, block_size)
     return LUFactors(packed, perm, pivots, info, a.shape[0], block_size, mesh, axes)

@@ -27,6 +27,7 @@ from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 from shardkit.linalg import layout
+from shardkit.linalg.grid import check_grid, lu_solve_grid_jit, solve_grid_jit
 from shardkit.linalg.layout import constrain, n_devices
 from shardkit.linalg.lu import (
     DEFAULT_BLOCK_SIZE,
@@ -120,9 +121,15 @@ def lu_solve(factors: LUFactors, b: jax.Array, *, check: bool = True) -> jax.Arr
     See also: :func:`solve`, :func:`~shardkit.linalg.lu`.
     """
     b2, shape = as_columns(b, factors.n, "b")
-    x = _lu_solve_jit(
-        factors.lu, factors.perm, b2, factors.mesh, factors.axis_names, factors.block_size
-    )[: factors.n]
+    if factors.grid is not None:
+        x = lu_solve_grid_jit(
+            factors.lu, factors.perm, b2, factors.mesh, factors.grid, factors.block_size
+        )
+    else:
+        x = _lu_solve_jit(
+            factors.lu, factors.perm, b2, factors.mesh, factors.axis_names, factors.block_size
+        )
+    x = x[: factors.n]
     if check:
         _raise_if_singular(x, factors.info, factors.n)
     return x.reshape(shape)
@@ -137,6 +144,7 @@ def solve(
     axis_names: str | Sequence[str] | None = None,
     check: bool = True,
     return_info: bool = False,
+    grid: tuple[str, str] | None = None,
 ) -> jax.Array | tuple[jax.Array, jax.Array]:
     """Solves ``A x = b`` for a distributed square matrix A with LU and partial pivoting.
 
@@ -155,6 +163,8 @@ def solve(
             (outside ``jit`` only).
         return_info: also return the int32 ``info`` (0, or ``i`` when ``U[i-1, i-1] == 0``),
             the way to detect singular matrices inside ``jit``.
+        grid: ``(row_axis, col_axis)``: use the 2-D block-cyclic LU over those two mesh axes
+            (see :func:`~shardkit.linalg.lu`).
 
     Returns:
         x with the shape of ``b``, replicated; ``(x, info)`` when ``return_info``.
@@ -176,7 +186,10 @@ def solve(
     _check_block_size(block_size, a.shape[0])
     b2, shape = as_columns(b, a.shape[0], "b")
     mesh, axes = layout.resolve_mesh(a, mesh, axis_names, arg="a")
-    x, info = _solve_jit(a, b2, mesh, axes, block_size)
+    if grid is not None:
+        x, info = solve_grid_jit(a, b2, mesh, check_grid(mesh, grid), block_size)
+    else:
+        x, info = _solve_jit(a, b2, mesh, axes, block_size)
     if check:
         _raise_if_singular(x, info, a.shape[0])
     x = x.reshape(shape)

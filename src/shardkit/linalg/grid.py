@@ -1,0 +1,308 @@
+"""LU with partial pivoting on a 2-D (P_r x P_c) block-cyclic process grid (ScaLAPACK-style).
+
+On a 1-D column-block-cyclic layout every device receives every panel, about N^2 / 2 words
+per factorization whatever the number of devices. On a 2-D grid, row block ``I`` lives on
+process row ``I % P_r`` and column block ``J`` on process column ``J % P_c``, and each step
+moves only pieces of the panel and of the block row:
+
+1. **Panel** (process column of block ``j``): for each of the nb columns, the pivot is found
+   with a ``pmax`` + ``pmin`` (max-location) over the row mesh axis, the pivot row and row
+   ``c`` are exchanged with one ``psum`` of 2 x nb words, and the local rows are updated
+   (PDGETF2). Latency-bound: 3 small collectives per column.
+2. **Broadcast L** along the row of processes: one ``psum`` over the column mesh axis of the
+   local (N / P_r, nb) panel (with the pivots).
+3. **Row interchanges** of the whole matrix: the 2 nb rows involved are exchanged with one
+   ``psum`` over the row mesh axis of (2 nb, N / P_c) words.
+4. **U12 = L11^-1 A12** on the diagonal process row, broadcast down the columns with one
+   ``psum`` over the row mesh axis of (nb, N / P_c) words.
+5. **Local trailing update** ``A22 -= L21 U12``.
+
+So a device moves about N^2 / P_r + 3 N^2 / P_c words over the factorization: O(N^2 / sqrt(P))
+on a square grid instead of O(N^2). The layout is entered from row-sharded
+``P((row_axis, col_axis), None)`` with one ``all_to_all`` over both mesh axes.
+
+Triangular solves: per block, one ``psum`` of nb x k partial sums over the column mesh axis and
+one ``psum`` broadcasting the solved block; the solution is replicated.
+
+Example:
+    >>> mesh = jax.make_mesh((2, 4), ("x", "y"))
+    >>> x = solve(a, b, mesh=mesh, grid=("x", "y"))     # via shardkit.linalg.solve
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.sharding import PartitionSpec as P
+
+from shardkit.linalg import layout
+from shardkit.linalg.layout import constrain
+
+_CHUNKS = 4  # column chunks of the trailing update (temporaries ~ shard / _CHUNKS)
+
+
+def _n_chunks(blocks: int) -> int:
+    return max(g for g in range(1, min(blocks, _CHUNKS) + 1) if blocks % g == 0)
+
+
+__all__: list[str] = []
+
+
+def grid_multiple(nb: int, pr: int, pc: int) -> int:
+    """N must be a multiple of this for the one-shot all-to-all into the 2-D layout."""
+    return nb * pr * pc * pr
+
+
+def rows_to_grid_local(a, *, nb, pr, pc, axes):
+    """Inside ``shard_map``: local rows (N/P, N) of ``P((r, c), None)`` -> local 2-D cyclic
+    block (N/P_r, N/P_c): an ``all_to_all`` over both mesh axes, one block column of each
+    device per ``fori_loop`` step so no second copy of the shard is made."""
+    rows, n = a.shape  # rows = Kr * nb: Kr row blocks, a multiple of pr
+    kr = rows // nb
+    kc = n // (nb * pc)  # column blocks per process column
+    out = jnp.zeros((pc * rows, kc * nb), a.dtype)  # N/P_r rows: (kr / pr) nb from each of P
+
+    def body(v, out):
+        piece = lax.dynamic_slice_in_dim(a, v * pc * nb, pc * nb, axis=1)  # blocks v*pc + c
+        piece = piece.reshape(kr // pr, pr, nb, pc, nb)  # row block t = u * pr + r
+        piece = piece.transpose(1, 3, 0, 2, 4).reshape(pr * pc, (kr // pr) * nb, nb)
+        piece = lax.all_to_all(piece, axes, 0, 0, tiled=True)  # (source d, its rows for me, nb)
+        return lax.dynamic_update_slice_in_dim(out, piece.reshape(-1, nb), v * nb, axis=1)
+
+    return lax.fori_loop(0, kc, body, out)
+
+
+def _global_index(local_len, nb, p, me):
+    i = jnp.arange(local_len)
+    return ((i // nb) * p + me) * nb + i % nb
+
+
+def lu_grid_local(a, *, nb, pr, pc, row_axis, col_axis):
+    """Inside ``shard_map``: LU of the local 2-D cyclic block (N/P_r, N/P_c), in place."""
+    m_loc, n_loc = a.shape
+    n_pad = m_loc * pr
+    nblk = n_pad // nb
+    my_r, my_c = lax.axis_index(row_axis), lax.axis_index(col_axis)
+    grow = _global_index(m_loc, nb, pr, my_r)  # global row of each local row
+    gcol = _global_index(n_loc, nb, pc, my_c)  # global column of each local column
+    n_chunks = _n_chunks(n_loc // nb)
+    cw = n_loc // n_chunks
+
+    def panel_column(k, carry):
+        pan, piv, info, r0 = carry  # pan: (M_loc, nb) local rows of the panel
+        c = r0 + k
+        v = jnp.where(grow >= c, jnp.abs(pan[:, k]), -1.0)  # candidates: rows >= c
+        best = jnp.argmax(v)
+        gmax = lax.pmax(v[best], row_axis)
+        cand = jnp.where(v[best] == gmax, grow[best], n_pad)
+        prow = lax.pmin(cand, row_axis)  # first row holding the max |value| (LAPACK's choice)
+        # Exchange rows c and prow of the panel: one psum of both rows over the row mesh axis.
+        own_c, own_p = grow == c, grow == prow
+        rows2 = jnp.stack([jnp.where(own_c[:, None], pan, 0).sum(0),
+                           jnp.where(own_p[:, None], pan, 0).sum(0)])  # fmt: skip
+        rows2 = lax.psum(rows2, row_axis)  # (2, nb): old row c, old row prow
+        pan = jnp.where(own_p[:, None], rows2[0], pan)
+        pan = jnp.where(own_c[:, None], rows2[1], pan)
+        pivot_row = rows2[1]  # the new row c
+        pivot = pivot_row[k]
+        below = (grow > c)[:, None]
+        mult = jnp.where(pivot != 0, pan[:, k] / jnp.where(pivot != 0, pivot, 1), 0)[:, None]
+        col_k = jnp.arange(nb)[None, :] == k
+        right = jnp.arange(nb)[None, :] > k
+        pan = jnp.where(below & col_k, mult, pan)
+        pan = pan - jnp.where(below & right, mult * pivot_row[None, :], 0)
+        piv = piv.at[k].set(prow.astype(piv.dtype))
+        info = jnp.where((info == 0) & (pivot == 0), (c + 1).astype(info.dtype), info)
+        return pan, piv, info, r0
+
+    def step(j, carry):
+        a, ipiv, info = carry
+        r0 = j * nb
+        owner_c = my_c == j % pc
+        kcj = (j // pc) * nb
+        own = lax.dynamic_slice_in_dim(a, kcj, nb, axis=1)  # (M_loc, nb)
+        piv0 = jnp.zeros((nb,), ipiv.dtype)
+        pan, piv, info_p, _ = lax.fori_loop(0, nb, panel_column, (own, piv0, info, r0))
+        # Broadcast the factored panel and its pivots along the process row.
+        pan = lax.psum(jnp.where(owner_c, pan, 0), col_axis)
+        piv = lax.psum(jnp.where(owner_c, piv, 0), col_axis)
+        info = lax.pmax(jnp.where(owner_c, info_p, 0), col_axis)
+        # Composite of the nb interchanges: position t receives the row src[t].
+        src = jnp.arange(n_pad, dtype=ipiv.dtype)
+
+        def swap(i, s):
+            a_i, b_i = s[r0 + i], s[piv[i]]
+            return s.at[r0 + i].set(b_i).at[piv[i]].set(a_i)
+
+        src = lax.fori_loop(0, nb, swap, src)
+        t = jnp.concatenate([r0 + jnp.arange(nb, dtype=ipiv.dtype), piv])  # (2 nb,) positions
+        s_t = src[t]
+        owns = grow[None, :] == s_t[:, None]  # (2 nb, M_loc): which local row is each source
+        mine = owns.any(1)[:, None]
+        gathered = lax.psum(jnp.where(mine, a[jnp.argmax(owns, axis=1)], 0), row_axis)
+        blk = t // nb
+        local_t = jnp.where(blk % pr == my_r, (blk // pr) * nb + t % nb, m_loc)  # OOB: dropped
+        a = a.at[local_t].set(gathered, mode="drop")  # in place: 2 nb rows at most
+        # The owner's panel columns become the factored panel (rows above r0 keep U).
+        cur = lax.dynamic_slice_in_dim(a, kcj, nb, axis=1)
+        keep = (grow < r0)[:, None] | ~owner_c
+        a = lax.dynamic_update_slice_in_dim(a, jnp.where(keep, cur, pan), kcj, axis=1)
+        # U12 on the diagonal process row, broadcast down the process columns.
+        diag_r = my_r == j % pr
+        krj = (j // pr) * nb
+        l11 = lax.dynamic_slice_in_dim(pan, krj, nb, axis=0)  # valid on the diagonal row
+        a12 = lax.dynamic_slice_in_dim(a, krj, nb, axis=0)  # (nb, N_loc)
+        l11_inv = lax.linalg.triangular_solve(
+            jnp.where(diag_r, l11, jnp.eye(nb, dtype=a.dtype)), jnp.eye(nb, dtype=a.dtype),
+            left_side=True, lower=True, unit_diagonal=True,
+        )  # fmt: skip
+        right = (gcol >= r0 + nb)[None, :]
+        u12 = jnp.where(right, l11_inv @ a12, 0)
+        a = lax.dynamic_update_slice_in_dim(a, jnp.where(diag_r & right, u12, a12), krj, axis=0)
+        u12 = lax.psum(jnp.where(diag_r, u12, 0), row_axis)  # (nb, N_loc)
+        l21 = jnp.where((grow >= r0 + nb)[:, None], pan, 0)  # (M_loc, nb)
+
+        def update(ci, a):  # the trailing GEMM a column chunk at a time: small temporaries
+            cols = lax.dynamic_slice_in_dim(a, ci * cw, cw, axis=1)
+            u = lax.dynamic_slice_in_dim(u12, ci * cw, cw, axis=1)
+            return lax.dynamic_update_slice_in_dim(a, cols - l21 @ u, ci * cw, axis=1)
+
+        a = lax.fori_loop(0, n_chunks, update, a)
+        ipiv = lax.dynamic_update_slice_in_dim(ipiv, piv, r0, axis=0)
+        return a, ipiv, info
+
+    ipiv = jnp.zeros((n_pad,), jnp.int32)
+    a, ipiv, info = lax.fori_loop(0, nblk, step, (a, ipiv, jnp.zeros((), jnp.int32)))
+    return a, ipiv, info
+
+
+def tri_solve_grid_local(a, b, *, nb, pr, pc, row_axis, col_axis, lower, unit_diagonal=False):
+    """Inside ``shard_map``: solves ``T x = b`` with T in local 2-D cyclic blocks.
+
+    ``b`` is replicated (Np, k); returns the replicated solution.
+    """
+    m_loc, n_loc = a.shape
+    n_pad, k = b.shape
+    nblk = n_pad // nb
+    my_r, my_c = lax.axis_index(row_axis), lax.axis_index(col_axis)
+    grow = _global_index(m_loc, nb, pr, my_r)[:, None]
+    both = (row_axis, col_axis)
+
+    def step(t, carry):
+        acc, x = carry
+        j = t if lower else nblk - 1 - t
+        r0 = j * nb
+        krj, kcj = (j // pr) * nb, (j // pc) * nb
+        diag = (my_r == j % pr) & (my_c == j % pc)
+        s = lax.psum(lax.dynamic_slice_in_dim(acc, krj, nb, axis=0), col_axis)  # (nb, k)
+        t_jj = lax.dynamic_slice(a, (krj, kcj), (nb, nb))
+        t_jj = jnp.tril(t_jj) if lower else jnp.triu(t_jj)
+        if unit_diagonal:
+            t_jj = t_jj - jnp.diag(jnp.diagonal(t_jj)) + jnp.eye(nb, dtype=a.dtype)
+        t_jj = jnp.where(diag, t_jj, jnp.eye(nb, dtype=a.dtype))
+        b_j = lax.dynamic_slice_in_dim(b, r0, nb, axis=0)
+        x_j = lax.linalg.triangular_solve(t_jj, b_j - s, left_side=True, lower=lower)
+        x_j = lax.psum(jnp.where(diag, x_j, 0), both)  # (nb, k), replicated
+        col = lax.dynamic_slice_in_dim(a, kcj, nb, axis=1)  # (M_loc, nb)
+        off = (grow >= r0 + nb) if lower else (grow < r0)
+        acc = acc + jnp.where((my_c == j % pc) & off, col, 0) @ x_j
+        return acc, lax.dynamic_update_slice_in_dim(x, x_j, r0, axis=0)
+
+    acc = jnp.zeros((m_loc, k), b.dtype)
+    _, x = lax.fori_loop(0, nblk, step, (acc, jnp.zeros_like(b)))
+    return x
+
+
+def lu_solve_grid_local(a, perm, b, **kw):
+    """Inside ``shard_map``: ``x = U^-1 L^-1 b[perm]`` with 2-D cyclic LU factors."""
+    y = tri_solve_grid_local(a, b[perm], lower=True, unit_diagonal=True, **kw)
+    return tri_solve_grid_local(a, y, lower=False, **kw)
+
+
+def check_grid(mesh, grid, arg: str = "grid") -> tuple[str, str]:
+    """Validates ``grid=(row_axis, col_axis)`` against the mesh."""
+    if not (isinstance(grid, tuple | list) and len(grid) == 2 and grid[0] != grid[1]):
+        raise ValueError(
+            f"{arg}: expected two different mesh axis names (row_axis, col_axis), got {grid!r}. "
+            f"Try grid={tuple(mesh.axis_names)[:2]!r}."
+        )
+    for name in grid:
+        if name not in mesh.axis_names:
+            raise ValueError(
+                f"{arg}: mesh axis {name!r} is not in the mesh {dict(mesh.shape)}. "
+                f"Use two of {tuple(mesh.axis_names)}."
+            )
+    return tuple(grid)
+
+
+def _shard_map(f, mesh, in_specs, out_specs):
+    # check_vma=False: pivot data is invariant along one mesh axis and varying along the other
+    # inside the loop, which the type system cannot express for a single loop carry.
+    return jax.shard_map(f, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False)
+
+
+def _pad_identity(a, n_pad):
+    n = a.shape[0]
+    if n_pad == n:
+        return a
+    a = jnp.pad(a, ((0, n_pad - n), (0, n_pad - n)))
+    i = lax.broadcasted_iota(jnp.int32, (n_pad, n_pad), 0)
+    j = lax.broadcasted_iota(jnp.int32, (n_pad, n_pad), 1)
+    return jnp.where((i == j) & (i >= n), jnp.ones((), a.dtype), a)
+
+
+def _enter(a, mesh, r, c, nb):
+    pr, pc = mesh.shape[r], mesh.shape[c]
+    n = a.shape[0]
+    step = grid_multiple(nb, pr, pc)
+    n_pad = -(-n // step) * step
+    return constrain(_pad_identity(a, n_pad), mesh, P((r, c), None)), n_pad, pr, pc
+
+
+@functools.partial(jax.jit, static_argnames=("mesh", "grid", "nb"))
+def lu_grid_jit(a, mesh, grid, nb):
+    r, c = grid
+    a, n_pad, pr, pc = _enter(a, mesh, r, c, nb)
+
+    def local(a):
+        a = rows_to_grid_local(a, nb=nb, pr=pr, pc=pc, axes=(r, c))
+        a, ipiv, info = lu_grid_local(a, nb=nb, pr=pr, pc=pc, row_axis=r, col_axis=c)
+        return a, lax.linalg.lu_pivots_to_permutation(ipiv, n_pad), ipiv, info
+
+    return _shard_map(local, mesh, P((r, c), None), (P(r, c), P(), P(), P()))(a)
+
+
+@functools.partial(jax.jit, static_argnames=("mesh", "grid", "nb"))
+def lu_solve_grid_jit(packed, perm, b, mesh, grid, nb):
+    r, c = grid
+    pr, pc = mesh.shape[r], mesh.shape[c]
+    b = constrain(jnp.pad(b.astype(packed.dtype), ((0, packed.shape[0] - b.shape[0]), (0, 0))),
+                  mesh, P())  # fmt: skip
+    f = functools.partial(lu_solve_grid_local, nb=nb, pr=pr, pc=pc, row_axis=r, col_axis=c)
+    return _shard_map(f, mesh, (P(r, c), P(), P()), P())(packed, perm, b)
+
+
+@functools.partial(jax.jit, static_argnames=("mesh", "grid", "nb"))
+def solve_grid_jit(a, b, mesh, grid, nb):
+    r, c = grid
+    n = a.shape[0]
+    a, n_pad, pr, pc = _enter(a, mesh, r, c, nb)
+    b = constrain(jnp.pad(b.astype(a.dtype), ((0, n_pad - n), (0, 0))), mesh, P())
+
+    def local(a, b):
+        a = rows_to_grid_local(a, nb=nb, pr=pr, pc=pc, axes=(r, c))
+        a, ipiv, info = lu_grid_local(a, nb=nb, pr=pr, pc=pc, row_axis=r, col_axis=c)
+        perm = lax.linalg.lu_pivots_to_permutation(ipiv, n_pad)
+        kw = dict(nb=nb, pr=pr, pc=pc, row_axis=r, col_axis=c)
+        return lu_solve_grid_local(a, perm, b, **kw), info
+
+    x, info = _shard_map(local, mesh, (P((r, c), None), P()), (P(), P()))(a, b)
+    return x[:n], info
+
+
+def grid_orders(n_pad: int, nb: int, pr: int, pc: int):
+    """Global row and column indices in the storage order of the 2-D layout (host side)."""
+    return layout.column_cyclic_order(n_pad, nb, pr), layout.column_cyclic_order(n_pad, nb, pc)
