@@ -400,3 +400,12 @@ def test_error_batched_fftn_on_sharded_dim():
         skfft.batched_fftn(_x(), axes=(0, 2))
     with pytest.raises(ValueError, match=r"names dim 3, but x has rank 3"):
         skfft.batched_fftn(_x(), axes=(3,))
+
+
+def test_fftfreq3d_complex128_grids_are_float64():
+    with jax.enable_x64(True):
+        mesh, spec, _ = _mesh("8", AxisType.Explicit)
+        y = skfft.pfft3d(_x("8", (16, 8, 8), dtype=np.complex128, spec=spec))
+        kx, ky, kz = skfft.fftfreq3d(y, d=0.1)
+        assert kx.dtype == ky.dtype == kz.dtype == np.float64
+        np.testing.assert_array_equal(np.asarray(ky).ravel(), np.fft.fftfreq(8, 0.1))

@@ -134,6 +134,6 @@ def fftfreq3d(
         gspec = [None] * rank
         gspec[nb + p] = entries[nb + p]
         sharding = NamedSharding(mesh, P(*gspec))
-        with jax.enable_x64(is64):
-            grids[orig] = jax.device_put(freq.astype(dtype).reshape(shape), sharding)
+        # A complex128 spectrum means 64-bit types are enabled, so float64 grids survive.
+        grids[orig] = jax.device_put(freq.astype(dtype).reshape(shape), sharding)
     return grids[0], grids[1], grids[2]
