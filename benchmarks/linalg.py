@@ -2,7 +2,8 @@
 
 Runs on 8 simulated CPU devices and prints, side by side in one run, per matrix size N:
 
-* time of `shardkit.linalg.solve`, of `jnp.linalg.solve` on the same row-sharded matrix (which
+* time of `shardkit.linalg.solve` (1-D column-block-cyclic over 8 devices, and on a 2 x 4
+  process grid), of `jnp.linalg.solve` on the same row-sharded matrix (which
   all-gathers it) and of `jnp.linalg.solve` on one device, each as the best of interleaved
   rounds, with the ratios sharded-jnp / shardkit (> 1: shardkit faster) and shardkit / one device;
 * per-device memory (arguments + outputs + temporaries, from `memory_analysis()`) in MiB and as
@@ -84,9 +85,17 @@ def bench_solve(n, rounds, nb):
     one = jax.devices()[0]
     a1, b1 = jax.device_put(a_host, one), jax.device_put(b_host, one)
     ours, m_ours, c_ours = _compile(lambda a, b: sl.solve(a, b, mesh=mesh, block_size=nb), a, b)
+    mesh2 = jax.make_mesh((2, 4), ("r", "c"), axis_types=(AxisType.Auto,) * 2)
+    a2 = jax.device_put(a_host, NamedSharding(mesh2, P(("r", "c"), None)))
+    b2 = jax.device_put(b_host, NamedSharding(mesh2, P()))
+    grid, m_grid, c_grid = _compile(
+        lambda a, b: sl.solve(a, b, mesh=mesh2, block_size=nb, grid=("r", "c")), a2, b2
+    )
     jnp_sh, m_jnp, c_jnp = _compile(jnp.linalg.solve, a, b)
     single, m_one, c_one = _compile(jnp.linalg.solve, a1, b1)
-    t_ours, t_jnp, t_one = _best_times([ours, jnp_sh, single], [(a, b), (a, b), (a1, b1)], rounds)
+    t_ours, t_grid, t_jnp, t_one = _best_times(
+        [ours, grid, jnp_sh, single], [(a, b), (a2, b2), (a, b), (a1, b1)], rounds
+    )
     shard = n * n * 4 / 8
     print(f"\nN = {n} (float32, nb = {nb}, mesh (8,) Auto, A row-sharded; L = N^2/P = "
           f"{shard / MIB:.2f} MiB)")  # fmt: skip
@@ -95,6 +104,7 @@ def bench_solve(n, rounds, nb):
     )
     for name, t, m, c, x in [
         ("shardkit.linalg.solve", t_ours, m_ours, c_ours, ours(a, b)),
+        ("shardkit solve, grid 2x4", t_grid, m_grid, c_grid, grid(a2, b2)),
         ("jnp.linalg.solve sharded", t_jnp, m_jnp, c_jnp, jnp_sh(a, b)),
         ("jnp.linalg.solve 1 device", t_one, m_one, c_one, single(a1, b1)),
     ]:

@@ -25,7 +25,7 @@ def relres(a, x, b):
     return r / (np.linalg.norm(a, 2) * np.linalg.norm(x) + np.linalg.norm(b))
 
 
-@pytest.mark.parametrize("shape", [(2, 4), (4, 2)])
+@pytest.mark.parametrize("shape,axis_type", [((2, 4), AxisType.Auto), ((4, 2), AxisType.Explicit)])
 def test_grid_lu_matches_lapack_and_solves(shape, axis_type):
     mesh = make_mesh(shape, axis_type)
     a = jax.random.normal(jax.random.key(0), (64, 64))

@@ -57,8 +57,8 @@ def test_solve_random_matches_single_device(kind, axis_type):
     check_vs_reference(a, b, x, jnp.float32)
 
 
-def test_lu_factors_reconstruct_and_layout(axis_type):
-    mesh = make_mesh("1d", axis_type)
+def test_lu_factors_reconstruct_and_layout():
+    mesh = make_mesh("1d", AxisType.Explicit)  # lu on Auto axes runs inside every Auto solve
     a, _ = random_system(64, jnp.float32, seed=3)
     f = sl.lu(jax.device_put(a, NamedSharding(mesh, P("x", None))), block_size=4)
     assert f.lu.sharding.spec == P(None, ("x",))
@@ -108,11 +108,14 @@ def _ill_conditioned(n, cond, dtype, seed=0):
     return jnp.asarray((u * s) @ v.T, dtype)
 
 
-@pytest.mark.parametrize("dtype,cond", [("float32", 1e5), ("float64", 1e12)])
-def test_solve_ill_conditioned_float32_float64(dtype, cond, axis_type):
+@pytest.mark.parametrize(
+    "dtype,cond,kind",
+    [("float32", 1e5, AxisType.Explicit), ("float64", 1e12, AxisType.Auto)],
+)
+def test_solve_ill_conditioned_float32_float64(dtype, cond, kind):
     with jax.enable_x64(True):
         dt = jnp.dtype(dtype)
-        mesh = make_mesh("2d", axis_type)
+        mesh = make_mesh("2d", kind)
         a = _ill_conditioned(96, cond, dt)
         b = jnp.asarray(np.random.default_rng(1).standard_normal(96), dt)
         measured = np.linalg.cond(np.asarray(a, np.float64))
@@ -123,17 +126,7 @@ def test_solve_ill_conditioned_float32_float64(dtype, cond, axis_type):
         assert r < 50 * float(jnp.finfo(dt).eps), (f"cond={measured:.1e}", r, r_ref)
 
 
-def test_solve_float64_random(axis_type):
-    with jax.enable_x64(True):
-        mesh = make_mesh("1d", axis_type)
-        a, b = random_system(128, jnp.float64, seed=5)
-        x = sl.solve(a, b, mesh=mesh, block_size=8)
-        assert x.dtype == jnp.float64
-        r, _ = check_vs_reference(a, b, x, jnp.float64)
-        assert r < 1e-14
-
-
-@pytest.mark.parametrize("n,nb", [(100, 8), (50, 4), (72, 32)])
+@pytest.mark.parametrize("n,nb", [(100, 8), (72, 32)])
 def test_solve_sizes_not_multiple_of_block_are_padded(n, nb):
     mesh = make_mesh("1d", AxisType.Explicit)
     a, b = random_system(n, jnp.float32, seed=n)
@@ -142,8 +135,8 @@ def test_solve_sizes_not_multiple_of_block_are_padded(n, nb):
     check_vs_reference(a, b, x, jnp.float32)
 
 
-def test_solve_many_rhs_sharded_b_and_lu_solve_reuse(axis_type):
-    mesh = make_mesh("2d", axis_type)
+def test_solve_many_rhs_sharded_b_and_lu_solve_reuse():
+    mesh = make_mesh("2d", AxisType.Explicit)
     a, b = random_system(128, jnp.float32, seed=7, k=5)
     a = jax.device_put(a, NamedSharding(mesh, P(("x", "y"), None)))
     b = jax.device_put(b, NamedSharding(mesh, P(("x", "y"), None)))
@@ -178,7 +171,7 @@ def _collective_sizes(hlo):
     return sizes
 
 
-@pytest.mark.parametrize("kind", ["1d", "2d"])
+@pytest.mark.parametrize("kind,axis_type", [("1d", AxisType.Explicit), ("2d", AxisType.Auto)])
 def test_compiled_solve_has_no_all_gather_and_small_collectives(kind, axis_type):
     mesh = make_mesh(kind, axis_type)
     axes = MESHES[kind][1]
