@@ -38,7 +38,7 @@ def test_seed002_practical():
 
 
 def test_seed003_training_loop(tmp_path):
-    lines = load("train_seed003_training_loop").main(steps=45, folder=str(tmp_path))
+    lines = load("train_seed003_training_loop").main(steps=30, folder=str(tmp_path))
     assert lines[0].startswith("mesh {'fsdp': 4, 'tensor': 2}")
     assert "restored on {'data': 8}: same parameters True" in lines[3]
     losses = [float(x) for x in re.findall(r"loss ([\d.]+)", "\n".join(lines))]

@@ -168,6 +168,9 @@ class GPT(nnx.Module):
         self.blocks = make_blocks(rngs)
         self.norm = param(nnx.initializers.ones, rngs.params(), (cfg.d_model,), ("embed",))
         self.head = param(init, rngs.params(), (cfg.d_model, cfg.vocab), ("embed", "vocab"))
+        # Optional `layer_state -> layer_state` applied to each layer's weights inside the scan;
+        # a trainer sets it to all-gather FSDP-split weights one layer at a time (ZeRO-3).
+        self.layer_layout = None
 
     def __call__(self, tokens: jax.Array) -> jax.Array:
         """Returns logits (B, T, vocab) in float32 for integer `tokens` (B, T).
@@ -186,7 +189,11 @@ class GPT(nnx.Module):
         x = x + self.position[...][:t].astype(dtype)
         graphdef, stacked = nnx.split(self.blocks)
 
+        layout = self.layer_layout
+
         def body(h, layer_state):
+            if layout is not None:
+                layer_state = layout(layer_state)
             return nnx.merge(graphdef, layer_state)(h), None
 
         if self.cfg.remat == "block":

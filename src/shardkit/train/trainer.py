@@ -121,6 +121,11 @@ class Trainer:
         self.compute_specs = jax.tree.map(
             strategy.compute_spec, self.param_specs, is_leaf=lambda x: isinstance(x, P)
         )
+        # Stacked (scanned) layers are gathered one layer at a time inside the scan when the
+        # model offers a `layer_layout` hook; everything else is gathered up front.
+        self._stacked_key, self._upfront_specs, self._layer_specs = _split_stacked(
+            self.abstract_params, self.logical, self.param_specs, self.compute_specs, strategy
+        )
         abstract_opt = jax.eval_shape(optimizer.init, self.abstract_params)
         self.opt_specs = optax.tree_map_params(
             optimizer,
@@ -237,11 +242,22 @@ class Trainer:
     def _loss(self, params, batch):
         dtype = _DTYPES[self.compute_dtype]
         params = jax.tree.map(lambda p: p.astype(dtype) if p.dtype == jnp.float32 else p, params)
-        params = self._constrain(params, self.compute_specs)  # FSDP all-gather
-        model = nnx.merge(self._graphdef, params) if self._graphdef is not None else params
+        if self._graphdef is None:
+            model = self._constrain(params, self.compute_specs)  # FSDP all-gather
+        else:
+            model = nnx.merge(self._graphdef, self._constrain(params, self._upfront_specs))
+            if self._layer_specs is not None and hasattr(model, "layer_layout"):
+                model.layer_layout = self._layer_layout
         out = self.loss_fn(model, batch)
         loss, metrics = out if isinstance(out, tuple) else (out, {})
         return loss.astype(jnp.float32), dict(metrics)
+
+    def _layer_layout(self, layer_state):
+        """Per-layer all-gather inside the scan: constrain one layer's weights for compute."""
+        leaves, treedef = jax.tree.flatten(layer_state)
+        specs = jax.tree.leaves(self._layer_specs, is_leaf=lambda x: isinstance(x, P))
+        assert len(leaves) == len(specs), (len(leaves), len(specs))
+        return treedef.unflatten(self._constrain(leaves, specs))
 
     def _step_fn(self, state: TrainState, batch):
         grad_fn = jax.value_and_grad(self._loss, has_aux=True)
@@ -302,6 +318,29 @@ class Trainer:
     def step(self, state: TrainState, batch: Mapping[str, Any]):
         """Runs one training step; `state` is donated. Returns (new_state, metrics)."""
         return self.compile_step(batch)(state, dict(batch))
+
+
+def _split_stacked(params, logical, param_specs, compute_specs, strategy):
+    """Specs for the up-front gather (stacked layers left split) and per-layer compute specs.
+
+    Applies when the parameters hold a "blocks" subtree whose leaves all carry the leading
+    logical axis "layers" (as `shardkit.models.GPT` does); otherwise everything is gathered
+    up front and the per-layer specs are None.
+    """
+    key = "blocks"
+    if not isinstance(params, dict) or key not in params or not isinstance(logical, dict):
+        return None, compute_specs, None
+    names = jax.tree.structure(params[key]).flatten_up_to(logical[key])
+    if not names or not all(n and n[0] == "layers" for n in names):
+        return None, compute_specs, None
+    upfront = dict(compute_specs)
+    upfront[key] = param_specs[key]  # stay split; gathered per layer inside the scan
+    layer = jax.tree.map(
+        lambda s: strategy.compute_spec(P(*tuple(s)[1:])),
+        param_specs[key],
+        is_leaf=lambda x: isinstance(x, P),
+    )
+    return key, upfront, layer
 
 
 def _merge_metrics(out):
