@@ -34,7 +34,6 @@ from jax.sharding import PartitionSpec as P
 from shardkit.linalg import layout
 from shardkit.linalg.layout import constrain, n_devices
 from shardkit.linalg.lu import DEFAULT_BLOCK_SIZE, _check_block_size, _check_matrix, _n_chunks
-from shardkit.linalg.lu import _pad_identity as pad_identity
 from shardkit.linalg.triangular import as_columns, tri_solve_local
 
 __all__ = ["CholeskyFactors", "NotPositiveDefiniteError", "cho_solve", "cholesky"]
@@ -125,7 +124,7 @@ def cholesky_local(a, *, nb, p, axes):
 def _cholesky_jit(a, mesh, axes, nb):
     p = n_devices(mesh, axes)
     n_pad = layout.padded_size(a.shape[0], nb, p)
-    a = constrain(pad_identity(a, n_pad), mesh, P(axes, None))
+    a = constrain(layout.pad_identity(a, n_pad), mesh, P(axes, None))
 
     def local(a):
         a = layout.rows_to_cyclic_local(a, block_size=nb, p=p, axes=axes)

@@ -244,22 +244,12 @@ def _shard_map(f, mesh, in_specs, out_specs):
     return jax.shard_map(f, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False)
 
 
-def _pad_identity(a, n_pad):
-    n = a.shape[0]
-    if n_pad == n:
-        return a
-    a = jnp.pad(a, ((0, n_pad - n), (0, n_pad - n)))
-    i = lax.broadcasted_iota(jnp.int32, (n_pad, n_pad), 0)
-    j = lax.broadcasted_iota(jnp.int32, (n_pad, n_pad), 1)
-    return jnp.where((i == j) & (i >= n), jnp.ones((), a.dtype), a)
-
-
 def _enter(a, mesh, r, c, nb):
     pr, pc = mesh.shape[r], mesh.shape[c]
     n = a.shape[0]
     step = grid_multiple(nb, pr, pc)
     n_pad = -(-n // step) * step
-    return constrain(_pad_identity(a, n_pad), mesh, P((r, c), None)), n_pad, pr, pc
+    return constrain(layout.pad_identity(a, n_pad), mesh, P((r, c), None)), n_pad, pr, pc
 
 
 @functools.partial(jax.jit, static_argnames=("mesh", "grid", "nb"))

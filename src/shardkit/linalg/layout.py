@@ -279,6 +279,18 @@ def from_column_cyclic(
     return _from_cyclic(a, mesh, axes, block_size)
 
 
+def pad_identity(a: jax.Array, n_pad: int) -> jax.Array:
+    """Pads (N, N) to (n_pad, n_pad) with an identity block, elementwise (a scatter into a
+    sharded matrix is refused on Explicit axes)."""
+    n = a.shape[0]
+    if n_pad == n:
+        return a
+    a = jnp.pad(a, ((0, n_pad - n), (0, n_pad - n)))
+    i = lax.broadcasted_iota(jnp.int32, (n_pad, n_pad), 0)
+    j = lax.broadcasted_iota(jnp.int32, (n_pad, n_pad), 1)
+    return jnp.where((i == j) & (i >= n), jnp.ones((), a.dtype), a)
+
+
 def zeros_varying(shape, dtype, axes) -> jax.Array:
     """Zeros typed as varying over ``axes`` (for ``fori_loop`` carries inside ``shard_map``)."""
     return lax.pcast(jnp.zeros(shape, dtype), axes, to="varying")

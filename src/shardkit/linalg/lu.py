@@ -117,18 +117,6 @@ class LUFactors:
         return jnp.asarray(np.asarray(self.perm)[: self.n]), lower, jnp.triu(packed)
 
 
-def _pad_identity(a: jax.Array, n_pad: int) -> jax.Array:
-    """Pads (N, N) to (n_pad, n_pad) with an identity block (elementwise: no scatter into a
-    sharded array, which Explicit axes refuse)."""
-    n = a.shape[0]
-    if n_pad == n:
-        return a
-    a = jnp.pad(a, ((0, n_pad - n), (0, n_pad - n)))
-    i = lax.broadcasted_iota(jnp.int32, (n_pad, n_pad), 0)
-    j = lax.broadcasted_iota(jnp.int32, (n_pad, n_pad), 1)
-    return jnp.where((i == j) & (i >= n), jnp.ones((), a.dtype), a)
-
-
 def _lu_steps(a, ipiv, info, *, j0, j1, row0, col0, nb, p, axes, col_block):
     """Runs LU steps ``j0 <= j < j1`` in place on ``a``, touching only the static window
     ``a[row0:, col0:]`` for the panel and trailing update (row swaps span whole rows)."""
@@ -213,7 +201,7 @@ def lu_local(a, *, nb, p, axes, stages=None):
 def _lu_jit(a, mesh, axes, nb):
     p = n_devices(mesh, axes)
     n_pad = layout.padded_size(a.shape[0], nb, p)
-    a = constrain(_pad_identity(a, n_pad), mesh, P(axes, None))
+    a = constrain(layout.pad_identity(a, n_pad), mesh, P(axes, None))
 
     def local(a):
         a = layout.rows_to_cyclic_local(a, block_size=nb, p=p, axes=axes)

@@ -35,7 +35,6 @@ from shardkit.linalg.lu import (
     SingularMatrixError,
     _check_block_size,
     _check_matrix,
-    _pad_identity,
     lu_local,
 )
 from shardkit.linalg.triangular import as_columns, tri_solve_local
@@ -66,7 +65,7 @@ def _solve_jit(a, b, mesh, axes, nb):
     p = n_devices(mesh, axes)
     n = a.shape[0]
     n_pad = layout.padded_size(n, nb, p)
-    a = constrain(_pad_identity(a, n_pad), mesh, P(axes, None))
+    a = constrain(layout.pad_identity(a, n_pad), mesh, P(axes, None))
     b = constrain(jnp.pad(b.astype(a.dtype), ((0, n_pad - n), (0, 0))), mesh, P())
 
     def local(a, b):

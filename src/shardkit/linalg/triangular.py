@@ -36,7 +36,7 @@ from jax.sharding import PartitionSpec as P
 
 from shardkit.linalg import layout
 from shardkit.linalg.layout import constrain, n_devices, zeros_varying
-from shardkit.linalg.lu import _check_block_size, _check_matrix, _pad_identity
+from shardkit.linalg.lu import _check_block_size, _check_matrix
 
 __all__ = ["triangular_solve"]
 
@@ -119,7 +119,7 @@ def _tri_jit(a, b, mesh, axes, nb, lower, transpose, unit_diagonal):
     n = a.shape[0]
     n_pad = layout.padded_size(n, nb, p)
     pad = n_pad - n
-    a = constrain(_pad_identity(a, n_pad), mesh, P(axes, None))
+    a = constrain(layout.pad_identity(a, n_pad), mesh, P(axes, None))
     b = constrain(jnp.pad(b.astype(a.dtype), ((0, pad), (0, 0))), mesh, P())
 
     def local(a, b):
