@@ -10,10 +10,14 @@ from shardkit.train.config import TrainConfig, load
 
 def test_default_train_shortened_reaches_accuracy(tmp_path, capsys):
     out = tmp_path / "run"
-    # the defaults, shortened: 120 steps instead of 300 (same model, task, strategy, batch)
+    # the defaults, shortened: 120 steps instead of 300 (same model, task, batch)
     code = main(["train", "--steps", "60", "--save-every", "30", "--out", str(out)])
     assert code == 0
-    code = main(["train", "--steps", "120", "--save-every", "30", "--out", str(out), "--resume"])
+    # resume on another strategy and mesh: the checkpoint reshards on restore
+    code = main(
+        ["train", "--steps", "120", "--save-every", "30", "--out", str(out), "--resume",
+         "--strategy", "hybrid", "--mesh", "fsdp=4,tensor=2"]
+    )  # fmt: skip
     assert code == 0
     text = capsys.readouterr().out
     for needle in (
@@ -25,6 +29,7 @@ def test_default_train_shortened_reaches_accuracy(tmp_path, capsys):
         "blocks/q",
         "lint:",
         "resumed  step 60",
+        "Mesh(fsdp=4, tensor=2",
         "collectives match the strategy",
         "memory per device",
     ):

@@ -51,12 +51,13 @@ class Progress:
         total: steps to run.
         start: first step (when resuming).
         console: a `rich.console.Console`; None prints plain text lines instead.
+        enabled: False shows nothing.
     """
 
-    def __init__(self, total: int, *, start: int = 0, console: Any = None):
-        self.total, self.console = total, console
+    def __init__(self, total: int, *, start: int = 0, console: Any = None, enabled: bool = True):
+        self.total, self.console, self.enabled = total, console, enabled
         self._bar = None
-        if console is not None:
+        if console is not None and enabled:
             from rich.progress import (
                 BarColumn,
                 MofNCompleteColumn,
@@ -88,6 +89,8 @@ class Progress:
             self._bar.__exit__(*exc)
 
     def update(self, step: int, **stats: float) -> None:
+        if not self.enabled:
+            return
         text = "  ".join(_fmt(k, v) for k, v in stats.items())
         if self._bar is not None:
             self._bar.update(self._task, completed=step, stats=text)

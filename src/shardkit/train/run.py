@@ -257,7 +257,7 @@ def train(cfg: TrainConfig, *, console: Any = None, quiet: bool = False) -> RunR
     tokens_per_step = cfg.batch * model_cfg.seq_len
     metrics = {}
     window_t, window_n = time.perf_counter(), 0
-    with Progress(cfg.steps, start=start, console=None if quiet else console) as bar:
+    with Progress(cfg.steps, start=start, console=console, enabled=not quiet) as bar:
         for step in range(start, cfg.steps):
             batch = (
                 first
