@@ -158,3 +158,15 @@ def test_bad_degrees_are_clear_errors():
         Hybrid(data=3, tensor=4).mesh_axes(8)
     with pytest.raises(ValueError, match="does not divide 8 devices"):
         Hybrid(data=3, tensor=-1).mesh_axes(8)
+
+
+def test_every_strategy_degenerates_cleanly_to_one_device(gpt):
+    params, logical = gpt
+    for s in (DataParallel(), FSDP(), FSDP(zero=1), TensorParallel(), Hybrid(fsdp=-1)):
+        mesh = s.make_mesh(jax.devices()[:1])
+        assert dict(mesh.shape) == {"data": 1}
+        specs = jax.tree.leaves(
+            s.param_specs(params, mesh, logical=logical), is_leaf=lambda x: isinstance(x, P)
+        )
+        assert all(all(e is None for e in sp) for sp in specs)  # nothing split
+        assert s.expected_collectives(mesh).required == ()
