@@ -136,3 +136,26 @@ def test_grid_slogdet_matches_single_device():
         s_ref, l_ref = jnp.linalg.slogdet(a)
         assert float(sign) == float(s_ref)
         np.testing.assert_allclose(logdet, l_ref, rtol=1e-5)
+
+
+def test_block_cyclic_2d_layout_round_trip(axis_type):
+    mesh = make_mesh((4, 2), axis_type)
+    a = jnp.arange(128.0 * 128).reshape(128, 128)
+    a = jax.device_put(a, NamedSharding(mesh, P(GRID, None)))
+    s = sl.to_block_cyclic_2d(a, block_size=4, grid=GRID)
+    rows, cols = sl.block_cyclic_2d_orders(128, 4, 4, 2)
+    assert rows[:8].tolist() == [0, 1, 2, 3, 16, 17, 18, 19]  # process row 0: blocks 0, 4, ..
+    assert cols[:8].tolist() == [0, 1, 2, 3, 8, 9, 10, 11]  # process column 0: blocks 0, 2, ..
+    np.testing.assert_array_equal(s, np.asarray(a)[np.ix_(rows, cols)])
+    assert s.sharding.spec == P("x", "y")
+    np.testing.assert_array_equal(sl.from_block_cyclic_2d(s, block_size=4, grid=GRID), a)
+    hlo = (
+        jax.jit(lambda a: sl.to_block_cyclic_2d(a, block_size=4, grid=GRID, mesh=mesh))
+        .lower(a)
+        .compile()
+        .as_text()
+    )
+    counts = collective_counts(hlo)
+    assert counts["all-to-all"] == 1 and counts["all-gather"] == 0
+    with pytest.raises(ValueError, match=r"a: size 64 is not a multiple of block_size \* P \* P_r"):
+        sl.to_block_cyclic_2d(jnp.ones((64, 64)), block_size=4, grid=GRID, mesh=mesh)

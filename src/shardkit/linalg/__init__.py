@@ -18,6 +18,9 @@ from shardkit.linalg.layout import column_cyclic_order as column_cyclic_order
 from shardkit.linalg.layout import from_column_cyclic as from_column_cyclic
 from shardkit.linalg.layout import padded_size as padded_size
 from shardkit.linalg.layout import to_column_cyclic as to_column_cyclic
+from shardkit.linalg.layout2d import block_cyclic_2d_orders as block_cyclic_2d_orders
+from shardkit.linalg.layout2d import from_block_cyclic_2d as from_block_cyclic_2d
+from shardkit.linalg.layout2d import to_block_cyclic_2d as to_block_cyclic_2d
 from shardkit.linalg.lu import LUFactors as LUFactors
 from shardkit.linalg.lu import SingularMatrixError as SingularMatrixError
 from shardkit.linalg.lu import lu as lu
@@ -35,15 +38,18 @@ __all__ = [
     "slogdet",
     "CGInfo",
     "batched_solve",
+    "block_cyclic_2d_orders",
     "cg",
     "LUFactors",
     "SingularMatrixError",
     "column_cyclic_order",
+    "from_block_cyclic_2d",
     "from_column_cyclic",
     "lu",
     "lu_solve",
     "padded_size",
     "solve",
+    "to_block_cyclic_2d",
     "to_column_cyclic",
     "triangular_solve",
 ]

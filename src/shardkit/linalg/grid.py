@@ -40,6 +40,7 @@ from jax.sharding import PartitionSpec as P
 
 from shardkit.linalg import layout
 from shardkit.linalg.layout import constrain
+from shardkit.linalg.layout2d import grid_multiple, rows_to_grid_local
 
 _CHUNKS = 4  # column chunks of the trailing update (temporaries ~ shard / _CHUNKS)
 
@@ -49,30 +50,6 @@ def _n_chunks(blocks: int) -> int:
 
 
 __all__: list[str] = []
-
-
-def grid_multiple(nb: int, pr: int, pc: int) -> int:
-    """N must be a multiple of this for the one-shot all-to-all into the 2-D layout."""
-    return nb * pr * pc * pr
-
-
-def rows_to_grid_local(a, *, nb, pr, pc, axes):
-    """Inside ``shard_map``: local rows (N/P, N) of ``P((r, c), None)`` -> local 2-D cyclic
-    block (N/P_r, N/P_c): an ``all_to_all`` over both mesh axes, one block column of each
-    device per ``fori_loop`` step so no second copy of the shard is made."""
-    rows, n = a.shape  # rows = Kr * nb: Kr row blocks, a multiple of pr
-    kr = rows // nb
-    kc = n // (nb * pc)  # column blocks per process column
-    out = jnp.zeros((pc * rows, kc * nb), a.dtype)  # N/P_r rows: (kr / pr) nb from each of P
-
-    def body(v, out):
-        piece = lax.dynamic_slice_in_dim(a, v * pc * nb, pc * nb, axis=1)  # blocks v*pc + c
-        piece = piece.reshape(kr // pr, pr, nb, pc, nb)  # row block t = u * pr + r
-        piece = piece.transpose(1, 3, 0, 2, 4).reshape(pr * pc, (kr // pr) * nb, nb)
-        piece = lax.all_to_all(piece, axes, 0, 0, tiled=True)  # (source d, its rows for me, nb)
-        return lax.dynamic_update_slice_in_dim(out, piece.reshape(-1, nb), v * nb, axis=1)
-
-    return lax.fori_loop(0, kc, body, out)
 
 
 def _global_index(local_len, nb, p, me):
@@ -222,22 +199,6 @@ def lu_solve_grid_local(a, perm, b, **kw):
     return tri_solve_grid_local(a, y, lower=False, **kw)
 
 
-def check_grid(mesh, grid, arg: str = "grid") -> tuple[str, str]:
-    """Validates ``grid=(row_axis, col_axis)`` against the mesh."""
-    if not (isinstance(grid, tuple | list) and len(grid) == 2 and grid[0] != grid[1]):
-        raise ValueError(
-            f"{arg}: expected two different mesh axis names (row_axis, col_axis), got {grid!r}. "
-            f"Try grid={tuple(mesh.axis_names)[:2]!r}."
-        )
-    for name in grid:
-        if name not in mesh.axis_names:
-            raise ValueError(
-                f"{arg}: mesh axis {name!r} is not in the mesh {dict(mesh.shape)}. "
-                f"Use two of {tuple(mesh.axis_names)}."
-            )
-    return tuple(grid)
-
-
 def _shard_map(f, mesh, in_specs, out_specs):
     # check_vma=False: pivot data is invariant along one mesh axis and varying along the other
     # inside the loop, which the type system cannot express for a single loop carry.
@@ -291,8 +252,3 @@ def solve_grid_jit(a, b, mesh, grid, nb):
 
     x, info = _shard_map(local, mesh, (P((r, c), None), P()), (P(), P()))(a, b)
     return x[:n], info
-
-
-def grid_orders(n_pad: int, nb: int, pr: int, pc: int):
-    """Global row and column indices in the storage order of the 2-D layout (host side)."""
-    return layout.column_cyclic_order(n_pad, nb, pr), layout.column_cyclic_order(n_pad, nb, pc)

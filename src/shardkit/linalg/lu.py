@@ -46,8 +46,9 @@ from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 from shardkit.linalg import layout
-from shardkit.linalg.grid import check_grid, grid_orders, lu_grid_jit
+from shardkit.linalg.grid import lu_grid_jit
 from shardkit.linalg.layout import constrain, n_devices
+from shardkit.linalg.layout2d import check_grid, grid_orders
 
 __all__ = ["LUFactors", "SingularMatrixError", "lu"]
 

@@ -27,8 +27,9 @@ from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 from shardkit.linalg import layout
-from shardkit.linalg.grid import check_grid, lu_solve_grid_jit, solve_grid_jit
+from shardkit.linalg.grid import lu_solve_grid_jit, solve_grid_jit
 from shardkit.linalg.layout import constrain, n_devices
+from shardkit.linalg.layout2d import check_grid
 from shardkit.linalg.lu import (
     DEFAULT_BLOCK_SIZE,
     LUFactors,
