@@ -170,3 +170,21 @@ def test_every_strategy_degenerates_cleanly_to_one_device(gpt):
         )
         assert all(all(e is None for e in sp) for sp in specs)  # nothing split
         assert s.expected_collectives(mesh).required == ()
+
+
+def test_hybrid_with_shardkit_rules_for_any_pytree():
+    from shardkit.rules import Rules
+
+    tree = {
+        "enc": {"w": jax.ShapeDtypeStruct((16, 64), "float32")},
+        "b": jax.ShapeDtypeStruct((64,), "float32"),
+    }
+    rules = Rules([(r"enc/w", P("fsdp", "tensor")), (r".*", P())])
+    s = Hybrid(fsdp=4, tensor=2, rules=rules)
+    mesh = s.make_mesh()
+    assert s.param_specs(tree, mesh) == {"enc": {"w": P("fsdp", "tensor")}, "b": P()}
+    z1 = Hybrid(fsdp=4, tensor=2, zero=1, rules=rules)
+    assert z1.param_specs(tree, mesh)["enc"]["w"] == P(None, "tensor")
+    assert z1.opt_state_specs(tree, mesh)["enc"]["w"] == P("fsdp", "tensor")
+    with pytest.raises(ValueError, match="enc/w"):  # the foundation's unmatched-leaf error
+        Hybrid(fsdp=4, tensor=2, rules=Rules([(r"^b$", P())])).param_specs(tree, mesh)

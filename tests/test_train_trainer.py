@@ -168,9 +168,12 @@ def test_mlp_and_plain_pytree_models():
         logits = batch["x"] @ params["w"]
         return optax.softmax_cross_entropy_with_integer_labels(logits, batch["y"]).mean()
 
-    plain = Trainer(init, optax.sgd(0.1), loss, strategy=FSDP())
+    from shardkit.rules import Rules
+
+    rules = Rules([(r"^w$", jax.sharding.PartitionSpec("fsdp", "tensor"))])
+    plain = Trainer(init, optax.sgd(0.1), loss, strategy=Hybrid(fsdp=4, tensor=2, rules=rules))
     pstate = plain.init(0)
-    assert pstate.params["w"].sharding.spec == jax.sharding.PartitionSpec("fsdp", None)
+    assert pstate.params["w"].sharding.spec == jax.sharding.PartitionSpec("fsdp", "tensor")
     first = None
     for i in range(5):
         pstate, m = plain.step(pstate, plain.place_batch(task.batch(i, batch_size=16)))

@@ -228,6 +228,12 @@ def _resolve(n_devices: int, sizes: Mapping[str, int]) -> dict[str, int]:
 
 
 def _map_specs(strategy, params, mesh, logical, *, for_optimizer: bool):
+    rules = getattr(strategy, "rules", None)
+    if rules is not None:  # a shardkit.Rules gives the layouts (validated against the mesh)
+        specs = rules.specs(params, mesh)
+        if strategy.zero == 1 and not for_optimizer:
+            specs = jax.tree.map(strategy.compute_spec, specs, is_leaf=lambda x: isinstance(x, P))
+        return specs
     flat, treedef = jax.tree_util.tree_flatten_with_path(params)
     names = [None] * len(flat) if logical is None else _flatten_up_to(treedef, logical)
     specs = [
@@ -325,6 +331,9 @@ class Hybrid(_Base):
             state split).
         tensor_rules: for models without logical names, ((path regex, dim or None), ...),
             first match wins; dim is the dimension split over "tensor".
+        rules: a `shardkit.Rules` that gives every parameter's PartitionSpec over the mesh
+            axes "data", "fsdp", "tensor" instead of the automatic layouts (optimizer state
+            follows; with zero=1 parameters drop "fsdp"). Unmatched leaves are its errors.
 
     One degree may be -1 to take the remaining devices.
 
@@ -344,6 +353,7 @@ class Hybrid(_Base):
     tensor: int = 1
     zero: int = 3
     tensor_rules: tuple[tuple[str, int | None], ...] | None = None
+    rules: Any = None
 
     def __post_init__(self):
         _check_zero(self.zero)
