@@ -157,13 +157,15 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[1024, 2048, 4096])
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--block-size", type=int, default=64)
+    parser.add_argument(
+        "--block-size", type=int, default=None, help="nb (default N // 32: 32 steps, 4 per device)"
+    )
     parser.add_argument("--grid", type=int, default=48, help="CG Poisson grid side (N = grid^2)")
     args = parser.parse_args()
     print(f"jax {jax.__version__}, {jax.device_count()} {jax.default_backend()} devices, "
           f"{os.cpu_count()} cores")  # fmt: skip
     for n in args.sizes:
-        bench_solve(n, args.rounds, args.block_size)
+        bench_solve(n, args.rounds, args.block_size or max(8, n // 32))
     bench_cg(args.grid, args.rounds)
 
 

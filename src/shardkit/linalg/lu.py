@@ -21,7 +21,8 @@ window sizes: sum over stages of (1 - s/4)^2 / 4 = 0.47 of the full-window cost,
 
 Triangular solves with the factors run block by block in storage order: per block, one
 ``psum`` of an (nb, k) partial sum; the owner of the block solves its diagonal triangle; one
-final ``psum`` of the (N, k) solution replicates it.
+final ``psum`` of the (N, k) solution replicates it. ``solve`` does the forward substitution
+during the factorization instead (every device holds each panel), without messages.
 
 Example:
     >>> mesh = jax.make_mesh((8,), ("x",))
@@ -118,7 +119,7 @@ class LUFactors:
         return jnp.asarray(np.asarray(self.perm)[: self.n]), lower, jnp.triu(packed)
 
 
-def _lu_steps(a, ipiv, info, *, j0, j1, row0, col0, nb, p, axes, col_block):
+def _lu_steps(a, ipiv, info, rhs, *, j0, j1, row0, col0, nb, p, axes, col_block):
     """Runs LU steps ``j0 <= j < j1`` in place on ``a``, touching only the static window
     ``a[row0:, col0:]`` for the panel and trailing update (row swaps span whole rows)."""
     m = a.shape[0] - row0  # rows of the window
@@ -128,7 +129,7 @@ def _lu_steps(a, ipiv, info, *, j0, j1, row0, col0, nb, p, axes, col_block):
     d = lax.axis_index(axes)
 
     def step(j, carry):
-        a, ipiv, info = carry
+        a, ipiv, info, rhs = carry
         r0 = j * nb
         lr0 = r0 - row0  # row offset of the panel inside the window
         mine = d == j % p
@@ -164,13 +165,19 @@ def _lu_steps(a, ipiv, info, *, j0, j1, row0, col0, nb, p, axes, col_block):
             return lax.dynamic_update_slice(a, cols - l21 @ u12, (row0, c0))
 
         a = lax.fori_loop(0, n_chunks, update, a)
+        # Forward substitution on the replicated right-hand sides rides along: the panel
+        # (L11, L21) is on every device, so y = L^-1 P b costs no messages.
+        rhs = rhs.at[r0 + t].set(rhs[r0 + perm[t]], unique_indices=False)
+        y = l11_inv @ lax.dynamic_slice_in_dim(rhs, r0, nb, axis=0)  # (nb, k)
+        rhs = lax.dynamic_update_slice_in_dim(rhs, y, r0, axis=0)
+        rhs = rhs.at[row0:].add(-(l21 @ y))
         ipiv = lax.dynamic_update_slice_in_dim(ipiv, (piv + r0).astype(ipiv.dtype), r0, axis=0)
         zero = jnp.diagonal(lu_p[:nb, :nb]) == 0
         first = (r0 + jnp.argmax(zero) + 1).astype(info.dtype)
         info = jnp.where((info == 0) & zero.any(), first, info)
-        return a, ipiv, info
+        return a, ipiv, info, rhs
 
-    return lax.fori_loop(j0, j1, step, (a, ipiv, info))
+    return lax.fori_loop(j0, j1, step, (a, ipiv, info, rhs))
 
 
 def _n_chunks(blocks: int, target: int = _CHUNKS) -> int:
@@ -178,24 +185,29 @@ def _n_chunks(blocks: int, target: int = _CHUNKS) -> int:
     return max(g for g in range(1, min(blocks, target) + 1) if blocks % g == 0)
 
 
-def lu_local(a, *, nb, p, axes, stages=None):
-    """Inside ``shard_map``: factors local cyclic columns (Np, Np/P) in place."""
+def lu_local(a, *, nb, p, axes, stages=None, rhs=None):
+    """Inside ``shard_map``: factors local cyclic columns (Np, Np/P) in place.
+
+    With ``rhs`` (replicated (Np, k)), also returns ``L^-1 P rhs`` (forward substitution
+    done during the factorization, without collectives); else returns an (Np, 0) array.
+    """
     n_pad, kc = a.shape
     nblk = n_pad // nb
     if stages is None:  # shrinking windows pay off only with many steps per device
-        stages = _STAGES if nblk >= 8 * p else 1
+        stages = _STAGES if nblk >= _STAGES * p else 1
     d = lax.axis_index(axes)
     col_block = (jnp.arange(kc) // nb) * p + d  # global block of each local column
     ipiv = jnp.zeros((n_pad,), jnp.int32)
     info = jnp.zeros((), jnp.int32)
+    rhs = jnp.zeros((n_pad, 0), a.dtype) if rhs is None else rhs
     # Stage boundaries in steps, aligned to P so all devices share one static column offset.
     bounds = sorted({min(nblk, (nblk * s // stages) // p * p) for s in range(stages)} | {nblk})
     for j0, j1 in zip(bounds[:-1], bounds[1:], strict=True):
-        a, ipiv, info = _lu_steps(
-            a, ipiv, info, j0=j0, j1=j1, row0=j0 * nb, col0=(j0 // p) * nb,
+        a, ipiv, info, rhs = _lu_steps(
+            a, ipiv, info, rhs, j0=j0, j1=j1, row0=j0 * nb, col0=(j0 // p) * nb,
             nb=nb, p=p, axes=axes, col_block=col_block,
         )  # fmt: skip
-    return a, ipiv, info
+    return a, ipiv, info, rhs
 
 
 @functools.partial(jax.jit, static_argnames=("mesh", "axes", "nb"))
@@ -206,7 +218,7 @@ def _lu_jit(a, mesh, axes, nb):
 
     def local(a):
         a = layout.rows_to_cyclic_local(a, block_size=nb, p=p, axes=axes)
-        a, ipiv, info = lu_local(a, nb=nb, p=p, axes=axes)
+        a, ipiv, info, _ = lu_local(a, nb=nb, p=p, axes=axes)
         return a, lax.linalg.lu_pivots_to_permutation(ipiv, n_pad), ipiv, info
 
     return jax.shard_map(

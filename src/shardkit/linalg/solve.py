@@ -22,7 +22,6 @@ from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
-from jax import lax
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
@@ -71,9 +70,8 @@ def _solve_jit(a, b, mesh, axes, nb):
 
     def local(a, b):
         a = layout.rows_to_cyclic_local(a, block_size=nb, p=p, axes=axes)
-        a, ipiv, info = lu_local(a, nb=nb, p=p, axes=axes)
-        perm = lax.linalg.lu_pivots_to_permutation(ipiv, n_pad)
-        return _lu_solve_local(a, perm, b, nb=nb, p=p, axes=axes), info
+        a, _, info, y = lu_local(a, nb=nb, p=p, axes=axes, rhs=b)  # y = L^-1 P b
+        return tri_solve_local(a, y, nb=nb, p=p, axes=axes, lower=False), info
 
     x, info = jax.shard_map(local, mesh=mesh, in_specs=(P(axes, None), P()), out_specs=(P(), P()))(
         a, b
