@@ -98,28 +98,27 @@ def test_cholesky_rejects_non_spd():
         sl.cho_solve(sl.cholesky(spd(64), mesh=mesh, block_size=8), jnp.ones(63))
 
 
-@pytest.mark.parametrize("lower", [True, False])
-@pytest.mark.parametrize("transpose", [False, True])
-def test_triangular_solve(lower, transpose):
-    # Explicit axes only here: the same kernels run on Auto axes inside every solve test.
+@pytest.mark.parametrize(
+    "lower,transpose,unit",
+    [(True, False, False), (False, False, True), (True, True, True), (False, True, False)],
+)
+def test_triangular_solve(lower, transpose, unit):
+    """Both substitution orders of both kernels (column- and row-oriented), with and without
+    a unit diagonal. Explicit axes only: the kernels run on Auto axes inside every solve."""
     mesh = make_mesh((8,), ("x",), AxisType.Explicit)
     rng = np.random.default_rng(2)
-    full = rng.standard_normal((64, 64)) + 8 * np.eye(64)
-    t = np.tril(full) if lower else np.triu(full)
+    if unit:  # the stored diagonal (100) must be ignored; small entries keep it well posed
+        full = 0.05 * rng.standard_normal((64, 64)) + 100 * np.eye(64)
+        t = (np.tril(full, -1) if lower else np.triu(full, 1)) + np.eye(64)
+    else:
+        full = rng.standard_normal((64, 64)) + 8 * np.eye(64)
+        t = np.tril(full) if lower else np.triu(full)
     b = rng.standard_normal((64, 2))
     x = sl.triangular_solve(jnp.asarray(full, jnp.float32), jnp.asarray(b, jnp.float32),
-                            lower=lower, transpose=transpose, mesh=mesh, block_size=4)  # fmt: skip
+                            lower=lower, transpose=transpose, unit_diagonal=unit, mesh=mesh,
+                            block_size=4)  # fmt: skip
     op = t.T if transpose else t
     np.testing.assert_allclose(op @ np.asarray(x, np.float64), b, atol=2e-5)
-    # Unit diagonal: the stored diagonal (100 here) must be ignored. Small off-diagonal
-    # entries keep the unit triangle well conditioned.
-    unit = 0.05 * rng.standard_normal((64, 64)) + 100 * np.eye(64)
-    xu = sl.triangular_solve(jnp.asarray(unit, jnp.float32), jnp.asarray(b, jnp.float32),
-                             lower=lower, transpose=transpose, unit_diagonal=True, mesh=mesh,
-                             block_size=4)  # fmt: skip
-    tu = (np.tril(unit, -1) if lower else np.triu(unit, 1)) + np.eye(64)
-    opu = tu.T if transpose else tu
-    np.testing.assert_allclose(opu @ np.asarray(xu, np.float64), b, atol=2e-5)
 
 
 def test_det_and_slogdet_match_single_device(axis_type):
