@@ -37,6 +37,9 @@ WORKER = textwrap.dedent(
 
     jax.config.update("jax_threefry_partitionable", True)
     folder, out = sys.argv[1], sys.argv[2]
+    # relaunches reuse the compiled programs: the test time goes to training, not compiling
+    jax.config.update("jax_compilation_cache_dir", folder + "-jax-cache")
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
     task = TeacherTask(features={SIZES[0]}, classes={SIZES[-1]})
     trainer = Trainer(lambda k: MLP({SIZES}, rngs=nnx.Rngs(k)), optax.adam(1e-2),
                       classification_loss, strategy=DataParallel())
