@@ -32,6 +32,7 @@ Example:
 from __future__ import annotations
 
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -42,6 +43,7 @@ from shardkit.linalg import layout
 from shardkit.linalg.layout import constrain
 from shardkit.linalg.layout2d import grid_multiple, rows_to_grid_local
 
+_STAGES = 4  # static shrinking windows of the step loop (as in the 1-D LU)
 _CHUNKS = 4  # column chunks of the trailing update (temporaries ~ shard / _CHUNKS)
 
 
@@ -57,27 +59,30 @@ def _global_index(local_len, nb, p, me):
     return ((i // nb) * p + me) * nb + i % nb
 
 
-def lu_grid_local(a, *, nb, pr, pc, row_axis, col_axis):
-    """Inside ``shard_map``: LU of the local 2-D cyclic block (N/P_r, N/P_c), in place."""
+def _grid_steps(a, ipiv, info, *, j0, j1, row0, col0, nb, pr, pc, row_axis, col_axis):
+    """LU steps ``j0 <= j < j1`` in place; panels, U12 and the trailing update touch only the
+    static local window ``a[row0:, col0:]`` (rows and columns of finished blocks are left out;
+    row interchanges span whole rows)."""
     m_loc, n_loc = a.shape
     n_pad = m_loc * pr
-    nblk = n_pad // nb
     my_r, my_c = lax.axis_index(row_axis), lax.axis_index(col_axis)
     grow = _global_index(m_loc, nb, pr, my_r)  # global row of each local row
-    gcol = _global_index(n_loc, nb, pc, my_c)  # global column of each local column
-    n_chunks = _n_chunks(n_loc // nb)
-    cw = n_loc // n_chunks
+    grow_w = grow[row0:]  # (M_w,) rows of the window
+    gcol_w = _global_index(n_loc, nb, pc, my_c)[col0:]  # (N_w,) columns of the window
+    m_w, n_w = m_loc - row0, n_loc - col0
+    n_chunks = _n_chunks(n_w // nb)
+    cw = n_w // n_chunks
 
     def panel_column(k, carry):
-        pan, piv, info, r0 = carry  # pan: (M_loc, nb) local rows of the panel
+        pan, piv, info, r0 = carry  # pan: (M_w, nb) local window rows of the panel
         c = r0 + k
-        v = jnp.where(grow >= c, jnp.abs(pan[:, k]), -1.0)  # candidates: rows >= c
+        v = jnp.where(grow_w >= c, jnp.abs(pan[:, k]), -1.0)  # candidates: rows >= c
         best = jnp.argmax(v)
         gmax = lax.pmax(v[best], row_axis)
-        cand = jnp.where(v[best] == gmax, grow[best], n_pad)
+        cand = jnp.where(v[best] == gmax, grow_w[best], n_pad)
         prow = lax.pmin(cand, row_axis)  # first row holding the max |value| (LAPACK's choice)
         # Exchange rows c and prow of the panel: one psum of both rows over the row mesh axis.
-        own_c, own_p = grow == c, grow == prow
+        own_c, own_p = grow_w == c, grow_w == prow
         rows2 = jnp.stack([jnp.where(own_c[:, None], pan, 0).sum(0),
                            jnp.where(own_p[:, None], pan, 0).sum(0)])  # fmt: skip
         rows2 = lax.psum(rows2, row_axis)  # (2, nb): old row c, old row prow
@@ -85,7 +90,7 @@ def lu_grid_local(a, *, nb, pr, pc, row_axis, col_axis):
         pan = jnp.where(own_c[:, None], rows2[1], pan)
         pivot_row = rows2[1]  # the new row c
         pivot = pivot_row[k]
-        below = (grow > c)[:, None]
+        below = (grow_w > c)[:, None]
         mult = jnp.where(pivot != 0, pan[:, k] / jnp.where(pivot != 0, pivot, 1), 0)[:, None]
         col_k = jnp.arange(nb)[None, :] == k
         right = jnp.arange(nb)[None, :] > k
@@ -100,7 +105,7 @@ def lu_grid_local(a, *, nb, pr, pc, row_axis, col_axis):
         r0 = j * nb
         owner_c = my_c == j % pc
         kcj = (j // pc) * nb
-        own = lax.dynamic_slice_in_dim(a, kcj, nb, axis=1)  # (M_loc, nb)
+        own = lax.dynamic_slice(a, (row0, kcj), (m_w, nb))  # (M_w, nb)
         piv0 = jnp.zeros((nb,), ipiv.dtype)
         pan, piv, info_p, _ = lax.fori_loop(0, nb, panel_column, (own, piv0, info, r0))
         # Broadcast the factored panel and its pivots along the process row.
@@ -124,35 +129,54 @@ def lu_grid_local(a, *, nb, pr, pc, row_axis, col_axis):
         local_t = jnp.where(blk % pr == my_r, (blk // pr) * nb + t % nb, m_loc)  # OOB: dropped
         a = a.at[local_t].set(gathered, mode="drop")  # in place: 2 nb rows at most
         # The owner's panel columns become the factored panel (rows above r0 keep U).
-        cur = lax.dynamic_slice_in_dim(a, kcj, nb, axis=1)
-        keep = (grow < r0)[:, None] | ~owner_c
-        a = lax.dynamic_update_slice_in_dim(a, jnp.where(keep, cur, pan), kcj, axis=1)
+        cur = lax.dynamic_slice(a, (row0, kcj), (m_w, nb))
+        keep = (grow_w < r0)[:, None] | ~owner_c
+        a = lax.dynamic_update_slice(a, jnp.where(keep, cur, pan), (row0, kcj))
         # U12 on the diagonal process row, broadcast down the process columns.
         diag_r = my_r == j % pr
         krj = (j // pr) * nb
-        l11 = lax.dynamic_slice_in_dim(pan, krj, nb, axis=0)  # valid on the diagonal row
-        a12 = lax.dynamic_slice_in_dim(a, krj, nb, axis=0)  # (nb, N_loc)
+        l11 = lax.dynamic_slice_in_dim(pan, krj - row0, nb, axis=0)  # valid on the diagonal row
+        a12 = lax.dynamic_slice(a, (krj, col0), (nb, n_w))  # (nb, N_w)
         l11_inv = lax.linalg.triangular_solve(
             jnp.where(diag_r, l11, jnp.eye(nb, dtype=a.dtype)), jnp.eye(nb, dtype=a.dtype),
             left_side=True, lower=True, unit_diagonal=True,
         )  # fmt: skip
-        right = (gcol >= r0 + nb)[None, :]
+        right = (gcol_w >= r0 + nb)[None, :]
         u12 = jnp.where(right, l11_inv @ a12, 0)
-        a = lax.dynamic_update_slice_in_dim(a, jnp.where(diag_r & right, u12, a12), krj, axis=0)
-        u12 = lax.psum(jnp.where(diag_r, u12, 0), row_axis)  # (nb, N_loc)
-        l21 = jnp.where((grow >= r0 + nb)[:, None], pan, 0)  # (M_loc, nb)
+        a = lax.dynamic_update_slice(a, jnp.where(diag_r & right, u12, a12), (krj, col0))
+        u12 = lax.psum(jnp.where(diag_r, u12, 0), row_axis)  # (nb, N_w)
+        l21 = jnp.where((grow_w >= r0 + nb)[:, None], pan, 0)  # (M_w, nb)
 
         def update(ci, a):  # the trailing GEMM a column chunk at a time: small temporaries
-            cols = lax.dynamic_slice_in_dim(a, ci * cw, cw, axis=1)
+            cols = lax.dynamic_slice(a, (row0, col0 + ci * cw), (m_w, cw))
             u = lax.dynamic_slice_in_dim(u12, ci * cw, cw, axis=1)
-            return lax.dynamic_update_slice_in_dim(a, cols - l21 @ u, ci * cw, axis=1)
+            return lax.dynamic_update_slice(a, cols - l21 @ u, (row0, col0 + ci * cw))
 
         a = lax.fori_loop(0, n_chunks, update, a)
         ipiv = lax.dynamic_update_slice_in_dim(ipiv, piv, r0, axis=0)
         return a, ipiv, info
 
-    ipiv = jnp.zeros((n_pad,), jnp.int32)
-    a, ipiv, info = lax.fori_loop(0, nblk, step, (a, ipiv, jnp.zeros((), jnp.int32)))
+    return lax.fori_loop(j0, j1, step, (a, ipiv, info))
+
+
+def lu_grid_local(a, *, nb, pr, pc, row_axis, col_axis):
+    """Inside ``shard_map``: LU of the local 2-D cyclic block (N/P_r, N/P_c), in place.
+
+    With enough steps the loop runs in 4 stages whose static windows shrink (stage
+    boundaries aligned to lcm(P_r, P_c) so every device shares one local offset).
+    """
+    m_loc, _ = a.shape
+    nblk = m_loc * pr // nb
+    q = math.lcm(pr, pc)
+    stages = _STAGES if nblk >= _STAGES * q else 1
+    bounds = sorted({(nblk * s // stages) // q * q for s in range(stages)} | {nblk})
+    ipiv = jnp.zeros((nblk * nb,), jnp.int32)
+    info = jnp.zeros((), jnp.int32)
+    for j0, j1 in zip(bounds[:-1], bounds[1:], strict=True):
+        a, ipiv, info = _grid_steps(
+            a, ipiv, info, j0=j0, j1=j1, row0=(j0 // pr) * nb, col0=(j0 // pc) * nb,
+            nb=nb, pr=pr, pc=pc, row_axis=row_axis, col_axis=col_axis,
+        )  # fmt: skip
     return a, ipiv, info
 
 
