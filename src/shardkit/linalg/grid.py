@@ -17,6 +17,9 @@ moves only pieces of the panel and of the block row:
    ``psum`` over the row mesh axis of (nb, N / P_c) words.
 5. **Local trailing update** ``A22 -= L21 U12``.
 
+As in the 1-D path, the steps run in 4 stages whose static windows leave out the rows and
+columns of finished blocks.
+
 So a device moves about N^2 / P_r + 3 N^2 / P_c words over the factorization: O(N^2 / sqrt(P))
 on a square grid instead of O(N^2). The layout is entered from row-sharded
 ``P((row_axis, col_axis), None)`` with one ``all_to_all`` over both mesh axes.
