@@ -44,6 +44,7 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "models": ("shardkit.models", None),
     "train": ("shardkit.train", None),
     "Trainer": ("shardkit.train", "Trainer"),
+    "Checkpointer": ("shardkit.train", "Checkpointer"),
 }
 
 __all__ = sorted(_EXPORTS)
