@@ -171,7 +171,7 @@ def lu_grid_local(a, *, nb, pr, pc, row_axis, col_axis):
     m_loc, _ = a.shape
     nblk = m_loc * pr // nb
     q = math.lcm(pr, pc)
-    stages = _STAGES if nblk >= _STAGES * q else 1
+    stages = _STAGES if nblk >= 2 * _STAGES * q else 1  # small problems: one window
     bounds = sorted({(nblk * s // stages) // q * q for s in range(stages)} | {nblk})
     ipiv = jnp.zeros((nblk * nb,), jnp.int32)
     info = jnp.zeros((), jnp.int32)
