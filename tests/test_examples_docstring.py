@@ -1,4 +1,4 @@
-"""The linalg examples run and print exactly the output their docstrings promise."""
+"""The FFT and linalg examples run and print exactly the output their docstrings promise."""
 
 import ast
 import os
@@ -17,7 +17,9 @@ def _expected(path):
     return [line.strip() for line in block.strip().splitlines()]
 
 
-@pytest.mark.parametrize("name", ["linalg_seed004.py", "linalg_big_system.py"])
+@pytest.mark.parametrize(
+    "name", ["fft_seed004.py", "fft_poisson.py", "linalg_seed004.py", "linalg_big_system.py"]
+)
 def test_example_prints_expected_output(name):
     path = EXAMPLES / name
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
