@@ -88,18 +88,14 @@ class _Base:
             devices: devices to use; default `jax.devices()`.
             axis_types: "auto" or "explicit" (JAX's `AxisType`).
         """
-        import numpy as np
-        from jax.sharding import AxisType, Mesh
+        from shardkit.mesh import make_mesh
 
         devices = list(jax.devices() if devices is None else devices)
-        axes = self.mesh_axes(len(devices))
-        kinds = {"auto": AxisType.Auto, "explicit": AxisType.Explicit}
-        if axis_types not in kinds:
+        if axis_types not in ("auto", "explicit"):
             raise ValueError(
                 f"axis_types={axis_types!r} is not 'auto' or 'explicit'; fix: axis_types='auto'."
             )
-        grid = np.asarray(devices, dtype=object).reshape(tuple(axes.values()))
-        return Mesh(grid, tuple(axes), axis_types=(kinds[axis_types],) * len(axes))
+        return make_mesh(self.mesh_axes(len(devices)), axis_types=axis_types, devices=devices)
 
     # -- layouts --------------------------------------------------------------------------
     def batch_axes(self, mesh) -> tuple[str, ...]:
