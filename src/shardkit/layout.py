@@ -149,13 +149,12 @@ def layout_of(
             if mesh is None:
                 raise TypeError("show/layout_of: shape= needs sharding= or mesh= (and spec=).")
             spec = PartitionSpec() if spec is None else spec
-            from shardkit.linter import check_leaf
+            import jax
 
-            errors = check_leaf("array", shape, spec, dict(mesh.shape))
-            if errors:
-                from shardkit.linter import _ERRORS
+            from shardkit.linter import lint
 
-                raise _ERRORS[errors[0].code](errors[0].message)
+            leaf = {"array": jax.ShapeDtypeStruct(shape, _parse_dtype(dtype))}
+            lint(leaf, spec, mesh).raise_if_errors()
             sharding = NamedSharding(mesh, spec)
     if sharding is None:
         raise TypeError("show/layout_of: this array has no sharding to show.")

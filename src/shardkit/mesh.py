@@ -240,8 +240,7 @@ def mesh_table(mesh: Mesh) -> str:
     names = list(mesh.shape.keys())
     rows = grid.reshape(grid.shape[0], -1) if grid.ndim > 1 else grid.reshape(1, -1)
     if grid.ndim == 1:
-        header_l, col_labels, row_labels = "", [str(i) for i in range(grid.shape[0])], [""]
-        header_l = names[0]
+        header_l, col_labels, row_labels = names[0], [str(i) for i in range(grid.shape[0])], [""]
     else:
         header_l = f"{names[0]}\\{'x'.join(names[1:])}"
         col_labels = [",".join(map(str, idx)) for idx in np.ndindex(*grid.shape[1:])]
