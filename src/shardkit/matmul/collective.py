@@ -4,7 +4,8 @@ Instead of gathering a whole operand and then multiplying, each device multiplie
 holds while the next block travels to it around a ring over mesh axis X of size P; after P-1
 steps every block has passed. Each step's transfer is independent of that step's product, so
 the compiler may overlap them. The steps are a loop, so no device ever holds more than the block
-in use and the block in flight (two halves each way when bidirectional).
+in use and the block in flight (two halves each way when bidirectional), plus one tile of the
+product it is adding (see :mod:`shardkit.matmul._tiles`).
 
 Three forms, picked from the layout (scaling-book notation):
 
@@ -43,6 +44,7 @@ from shardkit.matmul._layout import (
     fmt_spec,
     pspec,
 )
+from shardkit.matmul._tiles import add_product, tile_count
 
 __all__ = ["build_collective", "fit_collective"]
 
@@ -96,13 +98,13 @@ def fit_collective(L: Layout, out: Spec | None, *, bidirectional: bool = False) 
             form = "ag_a_k" if ak is not None else "ag_b_k"
     p = L.size(x)
     if form == "ag_a_rows":
-        nat, panel, travel_dim, extent = (None, x), L.a_bytes, ("A", 0), L.m // p
+        nat, panel, extent = (None, x), L.a_bytes, L.m // p
     elif form == "ag_b_cols":
-        nat, panel, travel_dim, extent = (x, None), L.b_bytes, ("B", 1), L.n // p
+        nat, panel, extent = (x, None), L.b_bytes, L.n // p
     elif form == "ag_a_k":
-        nat, panel, travel_dim, extent = (am, bn), L.a_bytes, ("A", 1), L.k // p
+        nat, panel, extent = (am, bn), L.a_bytes, L.k // p
     elif form == "ag_b_k":
-        nat, panel, travel_dim, extent = (am, bn), L.b_bytes, ("B", 0), L.k // p
+        nat, panel, extent = (am, bn), L.b_bytes, L.k // p
     elif form == "rs_rows":
         if am is not None:
             raise _no_fit(
@@ -110,7 +112,7 @@ def fit_collective(L: Layout, out: Spec | None, *, bidirectional: bool = False) 
                 f"C rows are already sharded over {am!r}",
                 f"out_spec=P(None, {x!r}) or algorithm='reduce_scatter'",
             )
-        nat, travel_dim, extent = (x, bn), ("C", 0), L.m // p
+        nat, extent = (x, bn), L.m // p
         panel = L.c_bytes(nat)
     else:
         if bn is not None:
@@ -119,7 +121,7 @@ def fit_collective(L: Layout, out: Spec | None, *, bidirectional: bool = False) 
                 f"C columns are already sharded over {bn!r}",
                 f"out_spec=P({x!r}, None) or algorithm='reduce_scatter'",
             )
-        nat, travel_dim, extent = (am, x), ("C", 1), L.n // p
+        nat, extent = (am, x), L.n // p
         panel = L.c_bytes(nat)
     if out is not None and out != nat:
         raise _no_fit(
@@ -141,19 +143,47 @@ def fit_collective(L: Layout, out: Spec | None, *, bidirectional: bool = False) 
     if form.startswith("ag"):
         a_used = (None if form == "ag_a_rows" else am, None if form == "ag_a_k" else ak)
         b_used = (None if form == "ag_b_k" else bk, None if form == "ag_b_cols" else bn)
-    # Live per device: own blocks, output, the block in use and the block in flight, plus the
-    # local product before it is written; a K-form also slices the stationary operand, keeps a
-    # loop copy of its first block, and (bidirectional) a second product.
+    # Live per device: own blocks, output, the block in use and the block in flight, plus what
+    # one step adds: a row form writes a product block of C; a K-form adds its product to all
+    # of C in 1/P^2 tiles (with the tile of the stationary operand each reads); a
+    # reduce-scatter form computes its partial block from windows of A and B on its K block,
+    # whole or in 1/P tiles, whichever holds less.
     peak = L.a_bytes + L.b_bytes + L.c_bytes(nat) + 2 * panel
     isz = L.itemsize
+    rows, cols = L.m // L.size(am), L.n // L.size(bn)
+    kb = L.k // p
+    kpiece = kb // (2 if bidirectional else 1)
+    tiles, cut_axis = 1, 0
     if form in ("ag_a_rows", "ag_b_cols"):
-        peak += (L.m // p) * (L.n // p) * isz
+        extra = (L.m // p) * cols if form == "ag_a_rows" else rows * (L.n // p)
+        if p == 2:  # no loop: XLA may run both steps' products before writing either
+            extra *= 2
     elif form == "ag_a_k":
-        peak += panel + (L.k // p) * (L.n // L.size(bn)) * isz
-        peak += L.c_bytes(nat) * (2 if bidirectional else 1)
+        tiles = tile_count(cols, p * p)
+        extra = (rows + kpiece) * (cols // tiles)
     elif form == "ag_b_k":
-        peak += panel + (L.m // L.size(am)) * (L.k // p) * isz
-        peak += L.c_bytes(nat) * (2 if bidirectional else 1)
+        tiles = tile_count(rows, p * p)
+        extra = (rows // tiles) * (cols + kpiece)
+    else:  # the partial block (prows, pcols) reads a window of each operand on its K block
+        if form == "rs_rows":
+            prows, pcols = L.m // p // (2 if bidirectional else 1), cols
+        else:
+            prows, pcols = rows, L.n // p // (2 if bidirectional else 1)
+        a_copy = 0 if (prows, kb) == (rows, L.k // L.size(ak)) else prows * kb
+        b_copy = 0 if (kb, pcols) == (L.k // L.size(bk), cols) else kb * pcols
+        options = [(a_copy + b_copy, 1, 0)]
+        for cut, extent in ((0, prows), (1, pcols)):
+            t = tile_count(extent, p)
+            if t > 1:
+                tile = (prows * pcols + (prows * kb if cut == 0 else kb * pcols)) // t
+                options.append(((b_copy if cut == 0 else a_copy) + tile, t, cut))
+        extra, tiles, cut_axis = min(options)
+        if bidirectional:  # both halves' windows are live together, and tiled parts start
+            extra *= 2  # from zero-filled buffers XLA cannot place in the loop carry
+            extra += panel // isz // 2 if tiles > 1 else 0
+        if p == 2:  # no loop: XLA may compute both steps' parts before adding either
+            extra *= 2
+    peak += extra * isz
     ring = "bidirectional" if bidirectional else "unidirectional"
     what = {
         "ag_a_rows": "all-gather-matmul: A row blocks travel",
@@ -170,12 +200,8 @@ def fit_collective(L: Layout, out: Spec | None, *, bidirectional: bool = False) 
         peak,
         L.flops(a_used, b_used),
         f"{what}; {p - 1}-step {ring} ring over {x!r}",
-        (form, x, bool(bidirectional), travel_dim[1]),
+        (form, x, bool(bidirectional), tiles, cut_axis),
     )
-
-
-def _dot(a: jax.Array, b: jax.Array, dtype) -> jax.Array:
-    return jnp.dot(a, b, precision=lax.Precision.HIGHEST, preferred_element_type=dtype)
 
 
 def _ring_gather(x, axis: str, p: int, dim: int, consume, acc, bidirectional: bool):
@@ -249,86 +275,110 @@ def build_collective(
     L: Layout, method: Method, dtype
 ) -> Callable[[jax.Array, jax.Array], jax.Array]:
     """The jitted ``(A, B) -> C`` running the ring chosen by :func:`fit_collective`."""
-    form, x, bidi, _ = method.recipe
+    form, x, bidi, tiles, cut_axis = method.recipe
     p = L.size(x)
     out = method.out_spec
+    kb = L.k // p
 
     def body(a, b):  # local blocks
         a, b = a.astype(dtype), b.astype(dtype)
+        rows, cols = a.shape[0], b.shape[1]
         if form == "ag_a_rows":  # a (M/p, K), b (K, N/p) -> (M, N/p)
-            c = jnp.zeros((L.m, b.shape[1]), dtype)
             return _ring_gather(
                 a,
                 x,
                 p,
                 0,
-                lambda c, piece, start: lax.dynamic_update_slice_in_dim(
-                    c, _dot(piece, b, dtype), start, axis=0
+                lambda c, piece, start: add_product(
+                    c, piece, b, tiles=1, axis=1, dtype=dtype, at=(start, 0), overwrite=True
                 ),
-                c,
+                jnp.zeros((L.m, cols), dtype),
                 bidi,
             )
         if form == "ag_b_cols":  # a (M/p, K), b (K, N/p) -> (M/p, N)
-            c = jnp.zeros((a.shape[0], L.n), dtype)
             return _ring_gather(
                 b,
                 x,
                 p,
                 1,
-                lambda c, piece, start: lax.dynamic_update_slice_in_dim(
-                    c, _dot(a, piece, dtype), start, axis=1
+                lambda c, piece, start: add_product(
+                    c, a, piece, tiles=1, axis=0, dtype=dtype, at=(0, start), overwrite=True
                 ),
-                c,
+                jnp.zeros((rows, L.n), dtype),
                 bidi,
             )
         if form == "ag_a_k":  # a (M', K/p), b (K, N') -> (M', N')
-            c = jnp.zeros((a.shape[0], b.shape[1]), dtype)
             return _ring_gather(
                 a,
                 x,
                 p,
                 1,
-                lambda c, piece, start: (
-                    c
-                    + _dot(piece, lax.dynamic_slice_in_dim(b, start, piece.shape[1], axis=0), dtype)
+                lambda c, piece, start: add_product(
+                    c,
+                    piece,
+                    b,
+                    tiles=tiles,
+                    axis=1,
+                    dtype=dtype,
+                    b_win=((start, piece.shape[1]), (0, cols)),
                 ),
-                c,
+                jnp.zeros((rows, cols), dtype),
                 bidi,
             )
         if form == "ag_b_k":  # a (M', K), b (K/p, N') -> (M', N')
-            c = jnp.zeros((a.shape[0], b.shape[1]), dtype)
             return _ring_gather(
                 b,
                 x,
                 p,
                 0,
-                lambda c, piece, start: (
-                    c
-                    + _dot(lax.dynamic_slice_in_dim(a, start, piece.shape[0], axis=1), piece, dtype)
+                lambda c, piece, start: add_product(
+                    c,
+                    a,
+                    piece,
+                    tiles=tiles,
+                    axis=0,
+                    dtype=dtype,
+                    a_win=((0, rows), (start, piece.shape[0])),
                 ),
-                c,
+                jnp.zeros((rows, cols), dtype),
                 bidi,
             )
-        # matmul-reduce-scatter: make both operands hold the same K block first.
-        kb = L.k // p
-        if a.shape[1] != kb:  # A not sharded on K: take its K block locally
-            a = lax.dynamic_slice_in_dim(a, lax.axis_index(x) * kb, kb, axis=1)
-        if b.shape[0] != kb:
-            b = lax.dynamic_slice_in_dim(b, lax.axis_index(x) * kb, kb, axis=0)
+        # matmul-reduce-scatter: both operands are read on this device's K block; an operand
+        # not sharded on K is read there in tiles, never copied whole.
+        ka = 0 if a.shape[1] == kb else lax.axis_index(x) * kb
+        kbb = 0 if b.shape[0] == kb else lax.axis_index(x) * kb
         if form == "rs_rows":  # partial (M, N') -> own rows (M/p, N')
-            size = L.m // p
+            size, dim = L.m // p, 0
 
             def contrib(start, length):
-                return _dot(lax.dynamic_slice_in_dim(a, start, length, axis=0), b, dtype)
+                return add_product(
+                    jnp.zeros((length, cols), dtype),
+                    a,
+                    b,
+                    tiles=tiles,
+                    axis=cut_axis,
+                    dtype=dtype,
+                    a_win=((start, length), (ka, kb)),
+                    b_win=((kbb, kb), (0, cols)),
+                    overwrite=True,
+                )
 
-            dim = 0
         else:  # partial (M', N) -> own cols (M', N/p)
-            size = L.n // p
+            size, dim = L.n // p, 1
 
             def contrib(start, length):
-                return _dot(a, lax.dynamic_slice_in_dim(b, start, length, axis=1), dtype)
+                return add_product(
+                    jnp.zeros((rows, length), dtype),
+                    a,
+                    b,
+                    tiles=tiles,
+                    axis=cut_axis,
+                    dtype=dtype,
+                    a_win=((0, rows), (ka, kb)),
+                    b_win=((kbb, kb), (start, length)),
+                    overwrite=True,
+                )
 
-            dim = 1
         res = _ring_reduce_scatter(contrib, x, p, size, bidi)
         return jnp.concatenate(res, axis=dim) if bidi else res
 

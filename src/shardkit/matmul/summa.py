@@ -3,7 +3,9 @@
 K is cut into ``lcm(|R|, |C|)`` panels. For each panel, the device column that owns the A panel
 broadcasts it along its mesh row, the device row that owns the B panel broadcasts it down its
 mesh column, and every device adds the panel product to its C block. No device ever holds more
-than its own blocks and one panel of each operand, and nothing gathers a full operand.
+than its own blocks and one panel of each operand, and nothing gathers a full operand. Each
+panel product is added to the C block in tiles (:func:`shardkit.matmul._tiles.add_product`),
+so no step holds a second C block.
 
 A broadcast is written as an all-reduce of the panel masked to its owner (XLA's CPU backend has
 no lowering for ``lax.pbroadcast``), so the compiled program holds 2 * lcm(|R|, |C|)
@@ -40,6 +42,7 @@ from shardkit.matmul._layout import (
     pspec,
     ring_bytes,
 )
+from shardkit.matmul._tiles import add_product, tile_count
 
 __all__ = ["build_summa", "fit_summa"]
 
@@ -86,8 +89,16 @@ def fit_summa(L: Layout, out: Spec | None) -> Method:
         coll.append(
             Collective("all-reduce", r, steps, steps * ring_bytes("all-reduce", b_panel, pr))
         )
-    # A broadcast holds each panel twice (the masked send buffer and the received sum).
-    peak = L.a_bytes + L.b_bytes + L.c_bytes((r, c)) + 2 * (a_panel + b_panel)
+    # A broadcast holds each panel twice (the masked send buffer and the received sum); the
+    # panel product is added to C in tiles of 1/P^2 of the block (P devices), each with the
+    # tile of the panel it cuts.
+    rows, cols = L.m // pr, L.n // pc
+    options = []
+    for cut, extent, other in ((0, rows, cols), (1, cols, rows)):
+        tiles = tile_count(extent, (pr * pc) ** 2)
+        options.append(((extent // tiles) * (other + kb) * L.itemsize, tiles, cut))
+    tile_bytes, tiles, cut = min(options)
+    peak = L.a_bytes + L.b_bytes + L.c_bytes((r, c)) + 2 * (a_panel + b_panel) + tile_bytes
     return Method(
         "summa",
         (r, c),
@@ -95,13 +106,13 @@ def fit_summa(L: Layout, out: Spec | None) -> Method:
         peak,
         2 * (L.m // pr) * L.k * (L.n // pc),
         f"SUMMA: {steps} K-panels, A panels broadcast along {c!r}, B panels along {r!r}",
-        (r, c, steps),
+        (r, c, steps, tiles, cut),
     )
 
 
 def build_summa(L: Layout, method: Method, dtype) -> Callable[[jax.Array, jax.Array], jax.Array]:
     """The jitted ``(A, B) -> C`` running SUMMA as fitted by :func:`fit_summa`."""
-    r, c, steps = method.recipe
+    r, c, steps, tiles, cut = method.recipe
     pr, pc = L.size(r), L.size(c)
     kb = L.k // steps
     per_col, per_row = steps // pc, steps // pr  # panels held by one device column / row
@@ -118,9 +129,7 @@ def build_summa(L: Layout, method: Method, dtype) -> Callable[[jax.Array, jax.Ar
             bp = lax.dynamic_slice_in_dim(b, (t % per_row) * kb, kb, axis=0)  # (kb, N/pc)
             ap = bcast(ap, c, t // per_col)  # from device column t // per_col
             bp = bcast(bp, r, t // per_row)  # from device row t // per_row
-            return acc + jnp.dot(
-                ap, bp, precision=lax.Precision.HIGHEST, preferred_element_type=dtype
-            )
+            return add_product(acc, ap, bp, tiles=tiles, axis=cut, dtype=dtype)
 
         return lax.fori_loop(0, steps, step, jnp.zeros((a.shape[0], b.shape[1]), dtype))
 
