@@ -62,6 +62,18 @@ LAYOUTS = [
         ],
     ),
     (
+        (8,),
+        ("x",),
+        (None, "x"),
+        (None, None),
+        [
+            ("allgather", "allgather", (None, None), False),
+            ("reduce_scatter", "reduce_scatter", (None, None), False),
+            ("collective", "collective", (None, None), False),
+            ("collective bidi", "collective", (None, None), True),
+        ],
+    ),
+    (
         (2, 4),
         ("r", "c"),
         ("r", "c"),

@@ -46,7 +46,7 @@ def _window(x: jax.Array, win: Window) -> jax.Array:
     return lax.dynamic_slice(x, _at(r0, c0), (rows, cols))
 
 
-def whole(x: jax.Array) -> Window:
+def _whole(x: jax.Array) -> Window:
     """The window covering all of ``x``."""
     return ((0, x.shape[0]), (0, x.shape[1]))
 
@@ -71,8 +71,8 @@ def add_product(
     cut dim. ``overwrite=True`` writes the product instead of adding it (``c`` there is zero).
     Windows default to the whole operand; their starts may be traced values.
     """
-    a_win = a_win or whole(a)
-    b_win = b_win or whole(b)
+    a_win = a_win or _whole(a)
+    b_win = b_win or _whole(b)
     (ar0, rows), (ak0, k) = a_win
     (bk0, _), (bc0, cols) = b_win
     if axis == 1:
