@@ -153,7 +153,7 @@ def fit_collective(L: Layout, out: Spec | None, *, bidirectional: bool = False) 
     rows, cols = L.m // L.size(am), L.n // L.size(bn)
     kb = L.k // p
     kpiece = kb // (2 if bidirectional else 1)
-    tiles, cut_axis = 1, 0
+    tiles, cut_axis = 1, 1 if form in ("ag_a_rows", "ag_a_k") else 0
     if form in ("ag_a_rows", "ag_b_cols"):
         extra = (L.m // p) * cols if form == "ag_a_rows" else rows * (L.n // p)
         if p == 2:  # no loop: XLA may run both steps' products before writing either
@@ -283,101 +283,46 @@ def build_collective(
     def body(a, b):  # local blocks
         a, b = a.astype(dtype), b.astype(dtype)
         rows, cols = a.shape[0], b.shape[1]
-        if form == "ag_a_rows":  # a (M/p, K), b (K, N/p) -> (M, N/p)
-            return _ring_gather(
-                a,
-                x,
-                p,
-                0,
-                lambda c, piece, start: add_product(
-                    c, piece, b, tiles=1, axis=1, dtype=dtype, at=(start, 0), overwrite=True
-                ),
-                jnp.zeros((L.m, cols), dtype),
-                bidi,
-            )
-        if form == "ag_b_cols":  # a (M/p, K), b (K, N/p) -> (M/p, N)
-            return _ring_gather(
-                b,
-                x,
-                p,
-                1,
-                lambda c, piece, start: add_product(
-                    c, a, piece, tiles=1, axis=0, dtype=dtype, at=(0, start), overwrite=True
-                ),
-                jnp.zeros((rows, L.n), dtype),
-                bidi,
-            )
-        if form == "ag_a_k":  # a (M', K/p), b (K, N') -> (M', N')
-            return _ring_gather(
-                a,
-                x,
-                p,
-                1,
-                lambda c, piece, start: add_product(
-                    c,
-                    piece,
-                    b,
-                    tiles=tiles,
-                    axis=1,
-                    dtype=dtype,
-                    b_win=((start, piece.shape[1]), (0, cols)),
-                ),
-                jnp.zeros((rows, cols), dtype),
-                bidi,
-            )
-        if form == "ag_b_k":  # a (M', K), b (K/p, N') -> (M', N')
-            return _ring_gather(
-                b,
-                x,
-                p,
-                0,
-                lambda c, piece, start: add_product(
-                    c,
-                    a,
-                    piece,
-                    tiles=tiles,
-                    axis=0,
-                    dtype=dtype,
-                    a_win=((0, rows), (start, piece.shape[0])),
-                ),
-                jnp.zeros((rows, cols), dtype),
-                bidi,
-            )
+        if form.startswith("ag"):  # all-gather-matmul: blocks of A or B travel
+            travel_a = form in ("ag_a_rows", "ag_a_k")
+            dim = 0 if form in ("ag_a_rows", "ag_b_k") else 1  # the dim it is split on
+            shape = {"ag_a_rows": (L.m, cols), "ag_b_cols": (rows, L.n)}.get(form, (rows, cols))
+
+            def consume(c, piece, start):
+                lhs, rhs = (piece, b) if travel_a else (a, piece)
+                if form == "ag_a_rows":  # the piece gives rows start.. of C
+                    kw = {"at": (start, 0), "overwrite": True}
+                elif form == "ag_b_cols":  # columns start.. of C
+                    kw = {"at": (0, start), "overwrite": True}
+                elif form == "ag_a_k":  # a K-block: read B on its rows
+                    kw = {"b_win": ((start, piece.shape[1]), (0, cols))}
+                else:  # a K-block of B: read A on its columns
+                    kw = {"a_win": ((0, rows), (start, piece.shape[0]))}
+                return add_product(c, lhs, rhs, tiles=tiles, axis=cut_axis, dtype=dtype, **kw)
+
+            src = a if travel_a else b
+            return _ring_gather(src, x, p, dim, consume, jnp.zeros(shape, dtype), bidi)
         # matmul-reduce-scatter: both operands are read on this device's K block; an operand
         # not sharded on K is read there in tiles, never copied whole.
         ka = 0 if a.shape[1] == kb else lax.axis_index(x) * kb
         kbb = 0 if b.shape[0] == kb else lax.axis_index(x) * kb
-        if form == "rs_rows":  # partial (M, N') -> own rows (M/p, N')
-            size, dim = L.m // p, 0
+        dim = 0 if form == "rs_rows" else 1  # partial C rows (or columns) travel
+        size = (L.m if dim == 0 else L.n) // p
 
-            def contrib(start, length):
-                return add_product(
-                    jnp.zeros((length, cols), dtype),
-                    a,
-                    b,
-                    tiles=tiles,
-                    axis=cut_axis,
-                    dtype=dtype,
-                    a_win=((start, length), (ka, kb)),
-                    b_win=((kbb, kb), (0, cols)),
-                    overwrite=True,
-                )
-
-        else:  # partial (M', N) -> own cols (M', N/p)
-            size, dim = L.n // p, 1
-
-            def contrib(start, length):
-                return add_product(
-                    jnp.zeros((rows, length), dtype),
-                    a,
-                    b,
-                    tiles=tiles,
-                    axis=cut_axis,
-                    dtype=dtype,
-                    a_win=((0, rows), (ka, kb)),
-                    b_win=((kbb, kb), (start, length)),
-                    overwrite=True,
-                )
+        def contrib(start, length):  # this device's part of C rows/cols start..start+length
+            r = (start, length) if dim == 0 else (0, rows)
+            cl = (0, cols) if dim == 0 else (start, length)
+            return add_product(
+                jnp.zeros((r[1], cl[1]), dtype),
+                a,
+                b,
+                tiles=tiles,
+                axis=cut_axis,
+                dtype=dtype,
+                a_win=(r, (ka, kb)),
+                b_win=((kbb, kb), cl),
+                overwrite=True,
+            )
 
         res = _ring_reduce_scatter(contrib, x, p, size, bidi)
         return jnp.concatenate(res, axis=dim) if bidi else res
