@@ -24,6 +24,7 @@ from jax.sharding import PartitionSpec as P
 
 from shardkit.matmul import MatmulLayoutError
 from shardkit.matmul._layout import layout_of
+from shardkit.matmul._tiles import add_product
 from shardkit.matmul.api import kernel
 from shardkit.matmul.cost import fit
 
@@ -122,3 +123,30 @@ def test_predicted_peak_bounds_every_ring_layout(mesh_name, shape):
             assert used <= method.peak_bytes + SLACK, (sa, sb, out, bidi, used, method)
             checked += 1
     assert checked >= 28
+
+
+@pytest.mark.parametrize("axis", [0, 1])
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_add_product_tiles_equal_one_product(axis, overwrite):
+    """The tiled product with windows and an offset equals numpy's, for both cut axes."""
+    rng = np.random.default_rng(axis + 2 * overwrite)
+    a = rng.standard_normal((12, 10)).astype(np.float32)
+    b = rng.standard_normal((9, 16)).astype(np.float32)
+    c = rng.standard_normal((10, 20)).astype(np.float32)
+    a_win, b_win, at = ((2, 8), (1, 6)), ((3, 6), (4, 12)), (1, 5)
+    got = add_product(
+        jnp.asarray(c),
+        jnp.asarray(a),
+        jnp.asarray(b),
+        tiles=4,
+        axis=axis,
+        dtype=jnp.float32,
+        a_win=a_win,
+        b_win=b_win,
+        at=jnp.asarray(at),  # traced offsets, as the kernels pass them
+        overwrite=overwrite,
+    )
+    want = c.astype(np.float64)
+    prod = a[2:10, 1:7].astype(np.float64) @ b[3:9, 4:16]
+    want[1:9, 5:17] = prod if overwrite else want[1:9, 5:17] + prod
+    np.testing.assert_allclose(np.asarray(got), want, rtol=0, atol=1e-5)
