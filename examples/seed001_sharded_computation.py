@@ -39,7 +39,7 @@ import numpy as np  # noqa: E402
 from jax.sharding import NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
-from shardkit.inspection.hlo import collective_counts  # noqa: E402
+from shardkit.inspection.hlo import collective_summary  # noqa: E402
 from shardkit.linter import lint  # noqa: E402
 
 
@@ -49,8 +49,7 @@ def section(title: str) -> None:
 
 def collectives(compiled) -> str:
     """The collectives XLA put in a compiled program, e.g. 'all-reduce x1' or 'none'."""
-    counts = collective_counts(compiled.as_text())
-    return ", ".join(f"{k} x{v}" for k, v in sorted(counts.items()) if v) or "none"
+    return collective_summary(compiled.as_text())
 
 
 def first_sentence(err: Exception) -> str:

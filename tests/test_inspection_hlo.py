@@ -190,6 +190,10 @@ def test_async_pairs_and_tuples_in_handwritten_text():
         "all-to-all": 1,
         "reduce-scatter": 1,
     }
+    assert hlo.collective_summary(ASYNC_HLO) == (
+        "all-gather x1, all-reduce x2, all-to-all x1, collective-permute x1, reduce-scatter x1"
+    )
+    assert hlo.collective_summary("ENTRY %main () -> f32[] {}") == "none"
     module = hlo.parse_hlo(ASYNC_HLO)
     assert module.num_partitions == 4
     by_name = {c.name: c for c in collectives_of(module, ("a", "b"), (2, 2))}

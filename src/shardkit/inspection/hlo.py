@@ -7,7 +7,8 @@ plain string work, so it also reads HLO saved from a GPU or TPU run):
 - `parse_hlo(text)` splits it into computations and instructions, and reads the source tables
   (`FileNames`, `FunctionNames`, `FileLocations`, `StackFrames`) printed at the top;
 - `execution_counts(module)` multiplies through while loops whose trip count XLA states;
-- `collective_counts(text)` is the quick static count used throughout shardkit's tests.
+- `collective_counts(text)` is the quick static count used throughout shardkit's tests;
+  `collective_summary(text)` writes it on one line.
 
 Replica groups are decoded in `shardkit.inspection.groups`.
 
@@ -68,6 +69,15 @@ def collective_counts(hlo_text: str) -> collections.Counter[str]:
         if m:
             counts[m.group(1)] += 1
     return counts
+
+
+def collective_summary(hlo_text: str) -> str:
+    """The collectives of compiled HLO text in one line, e.g. ``'all-reduce x1'`` or ``'none'``.
+
+    Counts are static, as in :func:`collective_counts`.
+    """
+    counts = collective_counts(hlo_text)
+    return ", ".join(f"{k} x{v}" for k, v in sorted(counts.items()) if v) or "none"
 
 
 # --------------------------------------------------------------------------------------------
