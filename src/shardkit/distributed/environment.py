@@ -1,6 +1,7 @@
 """Which cluster a process runs in: shardkit's launcher, SLURM, Open MPI, Kubernetes, Cloud TPU.
 
-`detect_environment()` only reads environment variables; it starts nothing. shardkit's own
+`detect_environment()` only reads environment variables (and, on a Cloud TPU VM, looks for the
+TPU chips); it starts nothing. shardkit's own
 launcher (`shardkit launch`) sets `SHARDKIT_COORDINATOR_ADDRESS`, `SHARDKIT_NUM_PROCESSES` and
 `SHARDKIT_PROCESS_ID`, which shardkit reads itself. For the other clusters shardkit names the
 environment and lets JAX's own cluster detection (`jax.distributed.initialize()` with no
@@ -10,6 +11,8 @@ arguments) read the scheduler's variables, so the rules stay JAX's.
 from __future__ import annotations
 
 import dataclasses
+import glob
+import importlib.util
 import os
 from collections.abc import Mapping
 
@@ -20,7 +23,10 @@ DEVICES_PER_PROCESS = "SHARDKIT_DEVICES_PER_PROCESS"
 
 # name -> variables whose presence marks the environment (all must be set); JAX reads them
 _CLUSTERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("slurm", ("SLURM_JOB_ID", "SLURM_NTASKS", "SLURM_PROCID", "SLURM_STEP_NODELIST")),
+    (
+        "slurm",
+        ("SLURM_JOB_ID", "SLURM_STEP_NODELIST", "SLURM_NTASKS", "SLURM_PROCID", "SLURM_LOCALID"),
+    ),  # fmt: skip
     ("openmpi", ("OMPI_MCA_orte_hnp_uri",)),
     ("openmpi", ("OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK")),
     ("tpu", ("TPU_WORKER_HOSTNAMES",)),
@@ -109,4 +115,12 @@ process_id=1)
                     _int(env, "JAX_PROCESS_ID"),
                 )
             return Environment(kind)
+    if env is os.environ and _on_cloud_tpu_vm():
+        return Environment("tpu")  # JAX reads the slice's workers from the metadata server
     return Environment("single")
+
+
+def _on_cloud_tpu_vm() -> bool:
+    """libtpu installed and TPU chips attached: a Cloud TPU VM (one host of a slice)."""
+    chips = glob.glob("/dev/accel[0-9]*") or glob.glob("/dev/vfio/[0-9]*")
+    return bool(chips) and importlib.util.find_spec("libtpu") is not None
