@@ -16,6 +16,7 @@ import math
 import os
 import socket
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from shardkit.distributed.environment import Environment, detect_environment
@@ -161,6 +162,7 @@ def initialize(
     timeout: float = 60.0,
     heartbeat_timeout: int = 10,
     shutdown_timeout: int = 30,
+    local_device_ids: Sequence[int] | None = None,
 ) -> ProcessInfo:
     """Joins this process to a multi-process JAX run; a no-op when it runs alone.
 
@@ -177,6 +179,9 @@ def initialize(
         heartbeat_timeout: seconds without a heartbeat after which a process counts as dead
             and the others stop (JAX aborts them with "another task died").
         shutdown_timeout: seconds process 0 waits for the others at exit.
+        local_device_ids: GPUs this process drives. Under SLURM, JAX's default is one GPU
+            per task (`SLURM_LOCALID`); with one task per node pass all, e.g. `range(8)` (or
+            set `JAX_LOCAL_DEVICE_IDS=0,1,...`).
 
     Returns:
         `ProcessInfo` for this process.
@@ -222,6 +227,7 @@ def initialize(
         )
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     timeouts = dict(
+        local_device_ids=None if local_device_ids is None else list(local_device_ids),
         initialization_timeout=max(1, math.ceil(timeout)),
         heartbeat_timeout_seconds=heartbeat_timeout,
         shutdown_timeout_seconds=shutdown_timeout,
