@@ -32,6 +32,7 @@ from shardkit.distributed.launch import rank_env
 from shardkit.mesh import make_mesh
 from shardkit.strategies import FSDP, DataParallel, Hybrid
 from shardkit.train import Checkpointer, ReverseTask, TeacherTask, TokenFile
+from shardkit.train import command as train_command
 
 EXAMPLES = pathlib.Path(__file__).resolve().parent.parent / "examples"
 TIMEOUT = 240  # generous: the machine is shared; a hang still ends the test
@@ -223,6 +224,13 @@ def test_device_counts_that_do_not_divide_the_mesh(capsys):
     assert "--devices 8 do not split evenly over --processes 3" in err and "fix: " in err
     assert cli.main(["launch", "-n", "0", "--", "python", "-c", "pass"]) == 2
     assert "processes=0 must be >= 1" in capsys.readouterr().err
+    # `shardkit train --processes 2 ...` hands each rank the same settings, minus --processes
+    argv = ["train", "--processes", "2", "--steps", "7", "--mesh", "data=2,fsdp=4", "--resume",
+            "--no-report", "--strategy", "hybrid", "--lr", "0.01"]  # fmt: skip
+    args = cli.build_parser("train").parse_args(argv)
+    again = cli.build_parser("train").parse_args(["train", *train_command._argv(args)])
+    assert again.processes == 1
+    assert train_command.config_from_args(again) == train_command.config_from_args(args)
 
 
 def test_environment_detection_and_process_rows(tmp_path):

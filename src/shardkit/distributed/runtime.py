@@ -116,6 +116,7 @@ def wait_for_coordinator(address: str, timeout: float) -> None:
 def _check_port_free(address: str) -> None:
     _, port = _split_address(address)
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC binds it
         try:
             s.bind(("", port))
         except OSError as e:
@@ -202,8 +203,9 @@ def initialize(
     import jax
     from jax._src import distributed
 
-    if distributed.global_state.client is not None:
-        return _info(getattr(distributed.global_state, "_shardkit_kind", "jax"))
+    if distributed.global_state.client is not None:  # joined already
+        kind = detect_environment().kind
+        return _info("jax" if kind == "single" else kind)
     given = (coordinator_address, num_processes, process_id)
     if all(v is not None for v in given):
         env = Environment("arguments", coordinator_address, num_processes, process_id)
@@ -249,7 +251,6 @@ def initialize(
     else:
         jax.distributed.initialize(**timeouts)  # JAX reads the cluster's variables
         n, pid = jax.process_count(), jax.process_index()
-    distributed.global_state._shardkit_kind = env.kind
     _check_process_counts(n, pid, timeout)
     return _info(env.kind)
 
