@@ -23,9 +23,9 @@ With `--out DIR` process 0 also writes DIR/train.npz (losses and final parameter
 process writes the hybrid run's checkpoint to DIR/ckpt (orbax, one shard file per process).
 `--restore DIR` restores that checkpoint with FSDP on however many processes run now:
 
-    shardkit launch -n 4 --devices-per-process 2 -- python examples/multihost_train.py \
-        --restore DIR
-    [rank 0] restored step 3 onto Mesh(fsdp=8; auto; 8 devices cpu:0,1,1024,...; 4 processes)
+    shardkit launch -n 4 --devices-per-process 2 -- python examples/multihost_train.py --restore DIR
+    [rank 0] restored step 3 onto Mesh(fsdp=8; auto; 8 devices cpu:0,1,2048,2049,4096,4097,
+    6144,6145, 4 processes)
 """
 
 import argparse
