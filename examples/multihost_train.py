@@ -29,6 +29,7 @@ process writes the hybrid run's checkpoint to DIR/ckpt (orbax, one shard file pe
 """
 
 import argparse
+import atexit
 import os
 import pathlib
 import tempfile
@@ -61,6 +62,7 @@ def token_file() -> TokenFile:
     """A small token file; every process writes the same ids to its own path."""
     path = pathlib.Path(tempfile.gettempdir()) / f"shardkit-tokens-{os.getpid()}.npy"
     np.save(path, np.random.default_rng(0).integers(0, 32, 4096).astype(np.int32))
+    atexit.register(path.unlink, missing_ok=True)
     return TokenFile(path=str(path), seq_len=8)
 
 

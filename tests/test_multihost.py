@@ -11,6 +11,7 @@ import os
 import pathlib
 import re
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -20,8 +21,10 @@ import jax
 import numpy as np
 import pytest
 
+import shardkit.distributed as skd
 from shardkit import cli
 from shardkit.distributed import (
+    DistributedError,
     LaunchEnvironmentError,
     ProcessMeshError,
     check_mesh,
@@ -29,9 +32,10 @@ from shardkit.distributed import (
     free_port,
 )
 from shardkit.distributed.launch import rank_env
+from shardkit.distributed.runtime import _check_port_free
 from shardkit.mesh import make_mesh
 from shardkit.strategies import FSDP, DataParallel, Hybrid
-from shardkit.train import Checkpointer, ReverseTask, TeacherTask, TokenFile
+from shardkit.train import BatchSizeError, Checkpointer, ReverseTask, TeacherTask, TokenFile
 from shardkit.train import command as train_command
 
 EXAMPLES = pathlib.Path(__file__).resolve().parent.parent / "examples"
@@ -112,10 +116,14 @@ def test_two_processes_equal_one_train_data_fft_solve_checkpoints(tmp_path):
 
     out = _finish(fft)
     assert "2 processes" in out and out.count(": True") == 3, out
-    field, a, b = _load("multihost_fft_solve").inputs()
+    fft_example = _load("multihost_fft_solve")
+    field, a, b = fft_example.inputs()
     got = np.load(tmp_path / "fft_solve.npz")
     np.testing.assert_allclose(got["fft"], np.fft.fftn(field.astype(np.float64)), atol=2e-4)
     np.testing.assert_allclose(got["solve"], np.linalg.solve(a, b), rtol=1e-4, atol=1e-5)
+    _, y_one, _, x_one = fft_example.compute()  # the same kernels, 1 process x 8 devices
+    np.testing.assert_allclose(got["fft"], y_one, rtol=0, atol=1e-6 * np.abs(y_one).max())
+    np.testing.assert_allclose(got["solve"], x_one, rtol=1e-6, atol=1e-7)
 
     out = _finish(restore4)
     assert "[rank 0] restored step 3 onto Mesh(fsdp=8" in out and "4 processes" in out
@@ -231,6 +239,30 @@ def test_device_counts_that_do_not_divide_the_mesh(capsys):
     again = cli.build_parser("train").parse_args(["train", *train_command._argv(args)])
     assert again.processes == 1
     assert train_command.config_from_args(again) == train_command.config_from_args(args)
+
+
+def test_bad_arguments_are_refused_before_anything_starts():
+    with pytest.raises(DistributedError, match="give all three or none"):
+        skd.initialize("127.0.0.1:5000")
+    with pytest.raises(DistributedError, match=r"process_id=2 with num_processes=2: need 0 <="):
+        skd.initialize("127.0.0.1:5000", num_processes=2, process_id=2)
+    with pytest.raises(DistributedError, match="'nohost' is not host:port; fix: "):
+        skd.initialize("nohost", num_processes=2, process_id=0)
+    with pytest.raises(DistributedError, match="after JAX started its backend; fix: "):
+        skd.initialize("127.0.0.1:5000", num_processes=2, process_id=0)  # pytest started JAX
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        with pytest.raises(DistributedError, match="cannot host the coordinator on port"):
+            _check_port_free(f"127.0.0.1:{busy.getsockname()[1]}")
+    with pytest.raises(ValueError, match="devices_per_process=0 must be >= 1; fix: "):
+        skd.launch(["true"], processes=2, devices_per_process=0)
+    with pytest.raises(ValueError, match="no command to launch; fix: "):
+        skd.launch([], processes=2)
+    trainer = _load("multihost_train").make_trainer(DataParallel())
+    with pytest.raises(BatchSizeError, match=r"batch\['x'\] has 3 rows but process 0 of 1 "):
+        trainer.place_local_batch({"x": np.zeros((3, 16)), "y": np.zeros(3)}, batch_size=8)
+    np.testing.assert_array_equal(trainer.process_rows(8), np.arange(8))
 
 
 def test_environment_detection_and_process_rows(tmp_path):

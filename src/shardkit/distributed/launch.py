@@ -75,8 +75,9 @@ def _describe(code: int) -> str:
 
 def _pump(rank: int, stream, out: TextIO, lock: threading.Lock) -> None:
     for line in iter(stream.readline, ""):
+        end = "" if line.endswith("\n") else "\n"  # a last line without a newline
         with lock:
-            out.write(f"[rank {rank}] {line if line.endswith(chr(10)) else line + chr(10)}")
+            out.write(f"[rank {rank}] {line}{end}")
             out.flush()
     stream.close()
 

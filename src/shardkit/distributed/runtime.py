@@ -155,6 +155,16 @@ def _check_process_counts(num_processes: int, process_id: int, timeout: float) -
         )
 
 
+def _check_coordinates(env: Environment) -> None:
+    n, pid = env.num_processes, env.process_id
+    if not isinstance(n, int) or n < 1 or not isinstance(pid, int) or not 0 <= pid < n:
+        raise DistributedError(
+            f"process_id={pid!r} with num_processes={n!r}: need 0 <= process_id < "
+            "num_processes; fix: number the processes 0 .. N-1 (shardkit launch -n N does)."
+        )
+    _split_address(env.coordinator_address)
+
+
 def initialize(
     coordinator_address: str | None = None,
     num_processes: int | None = None,
@@ -220,6 +230,8 @@ def initialize(
         env = detect_environment()
     if env.kind == "single":
         return _info("single")
+    if env.coordinator_address is not None:
+        _check_coordinates(env)
     from shardkit.mesh import _backend_started
 
     if _backend_started():
@@ -236,11 +248,6 @@ def initialize(
     )
     if env.coordinator_address is not None:
         n, pid = env.num_processes, env.process_id
-        if not isinstance(n, int) or n < 1 or not isinstance(pid, int) or not 0 <= pid < n:
-            raise DistributedError(
-                f"process_id={pid!r} with num_processes={n!r}: need 0 <= process_id < "
-                "num_processes; fix: number the processes 0 .. N-1 (shardkit launch -n N does)."
-            )
         if pid == 0:
             _check_port_free(env.coordinator_address)
         else:
