@@ -5,6 +5,10 @@ description, strategy, mesh). Restoring takes a target `Trainer`: the saved arra
 straight into the target's shardings, so a state saved with FSDP on 8 devices restores with
 data x tensor 4x2 or on one device. Orbax writes each step to a temporary directory and renames
 it when complete, so a crash mid-save never leaves a step that loads; leftovers are cleaned up.
+
+With several processes (`shardkit.distributed`) every process calls `save` and `restore`:
+each writes and reads only the shards of its own devices into one shared directory, so a
+checkpoint written by 2 processes restores in 1 or 4, onto another mesh and strategy.
 """
 
 from __future__ import annotations

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 
 # flag -> (config key, type, help); defaults live in TrainConfig so a TOML file can set them
 _FLAGS = [
@@ -49,6 +50,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     parser.add_argument("--no-report", dest="report", action="store_false", default=None)
     parser.add_argument("--quiet", action="store_true", help="print only the final line")
+    parser.add_argument(
+        "--processes", type=int, default=1,
+        help="run as N local processes (shardkit launch), --devices split evenly over them",
+    )  # fmt: skip
 
 
 def config_from_args(args: argparse.Namespace):
@@ -65,11 +70,52 @@ def config_from_args(args: argparse.Namespace):
     return load(getattr(args, "config", None), overrides)
 
 
+def _argv(args: argparse.Namespace) -> list[str]:
+    """The `shardkit train` flags of `args`, without --processes (for each rank)."""
+    out = []
+    for name in ("config", "mesh"):
+        if getattr(args, name, None):
+            out += [f"--{name}", getattr(args, name)]
+    for flag, key, _, _ in _FLAGS:
+        if getattr(args, key, None) is not None:
+            out += [flag, str(getattr(args, key))]
+    out += ["--resume"] * bool(getattr(args, "resume", None))
+    out += ["--no-report"] * (getattr(args, "report", None) is False)
+    out += ["--quiet"] * bool(getattr(args, "quiet", False))
+    return out
+
+
+def _launch(args: argparse.Namespace, cfg) -> int:
+    """`--processes N`: run this command as N ranks with --devices / N devices each."""
+    from shardkit.distributed.launch import launch
+
+    n = args.processes
+    if cfg.devices % n:
+        raise ValueError(
+            f"--devices {cfg.devices} do not split evenly over --processes {n} "
+            f"({cfg.devices / n:g} devices per process); fix: --devices "
+            f"{n * max(1, cfg.devices // n)} or a process count that divides {cfg.devices}."
+        )
+    cmd = [sys.executable, "-m", "shardkit.cli", "train", *_argv(args)]
+    return launch(cmd, processes=n, devices_per_process=cfg.devices // n)
+
+
 def run(args: argparse.Namespace) -> int:
     """Runs `shardkit train`; returns 0 on success (1 if the audit found unexpected
     collectives)."""
+    from shardkit.distributed.environment import PROCESS_ID
+
     cfg = config_from_args(args)
-    if os.environ.get("JAX_PLATFORMS", "cpu") in ("", "cpu"):
+    processes = getattr(args, "processes", 1) or 1
+    if processes < 1:
+        raise ValueError(f"--processes {processes} must be >= 1; fix: --processes 2.")
+    if processes > 1 and PROCESS_ID not in os.environ:
+        return _launch(args, cfg)
+    if PROCESS_ID in os.environ:  # a rank of `shardkit launch`: join the run first
+        from shardkit.distributed import initialize
+
+        initialize()
+    elif os.environ.get("JAX_PLATFORMS", "cpu") in ("", "cpu"):
         from shardkit.mesh import _backend_started, simulate_cpu_devices
 
         if not _backend_started():

@@ -3,6 +3,11 @@
 Batches are NumPy dicts computed from (seed, step) alone, so a resumed run sees exactly the
 batches an uninterrupted run would, on any mesh. `Trainer.place_batch` puts them on devices.
 
+Multi-process: `batch(step, batch_size=B, rows=r)` returns rows `r` of the same global batch, so
+each process loads only the rows of its own devices (`Trainer.load_batch`) and the global batch
+is the same whatever the process count. The token-file reader reads only those windows; the
+synthetic tasks draw the global batch's random numbers (cheap) and keep the rows.
+
 The reversal task: a sequence is `n` random digits, a separator, then the digits reversed:
 `[d1 .. dn, SEP, dn .. d1]`. The model reads it shifted by one and is scored (loss mask) only on
 the reversed half, which it can only predict by attending back to the right position; the
@@ -55,13 +60,17 @@ class ReverseTask:
     def seq_len(self) -> int:
         return 2 * self.length
 
-    def batch(self, step: int, *, batch_size: int) -> dict[str, np.ndarray]:
-        """Returns {"inputs", "targets" (int32, (B, 2n)), "mask" (float32, (B, 2n))}."""
+    def batch(self, step: int, *, batch_size: int, rows=None) -> dict[str, np.ndarray]:
+        """Returns {"inputs", "targets" (int32, (B, 2n)), "mask" (float32, (B, 2n))}.
+
+        `rows` (indices or a slice of the global batch) keeps only those rows.
+        """
         rng = np.random.default_rng([self.seed, int(step)])
-        digits = rng.integers(0, self.digits, (batch_size, self.length))
-        sep = np.full((batch_size, 1), self.digits)
+        digits = _rows(rng.integers(0, self.digits, (batch_size, self.length)), rows)
+        n = len(digits)
+        sep = np.full((n, 1), self.digits)
         seq = np.concatenate([digits, sep, digits[:, ::-1]], axis=1).astype(np.int32)
-        mask = np.zeros((batch_size, self.seq_len), np.float32)
+        mask = np.zeros((n, self.seq_len), np.float32)
         mask[:, self.length :] = 1.0  # targets after the separator: the reversed digits
         return {"inputs": seq[:, :-1], "targets": seq[:, 1:], "mask": mask}
 
@@ -110,17 +119,20 @@ class TokenFile:
         tokens = self._tokens()
         return 256 if tokens.dtype == np.uint8 else int(tokens.max()) + 1
 
-    def batch(self, step: int, *, batch_size: int) -> dict[str, np.ndarray]:
-        """Returns {"inputs", "targets", "mask"} windows of `seq_len` tokens."""
+    def batch(self, step: int, *, batch_size: int, rows=None) -> dict[str, np.ndarray]:
+        """Returns {"inputs", "targets", "mask"} windows of `seq_len` tokens.
+
+        `rows` (indices or a slice of the global batch): read only those rows' windows.
+        """
         tokens = self._tokens()
         rng = np.random.default_rng([self.seed, int(step)])
-        starts = rng.integers(0, len(tokens) - self.seq_len, batch_size)
+        starts = _rows(rng.integers(0, len(tokens) - self.seq_len, batch_size), rows)
         windows = np.stack([np.asarray(tokens[s : s + self.seq_len + 1]) for s in starts])
         windows = windows.astype(np.int32)
         return {
             "inputs": windows[:, :-1],
             "targets": windows[:, 1:],
-            "mask": np.ones((batch_size, self.seq_len), np.float32),
+            "mask": np.ones((len(starts), self.seq_len), np.float32),
         }
 
 
@@ -137,10 +149,16 @@ class TeacherTask:
     classes: int = 10
     seed: int = 0
 
-    def batch(self, step: int, *, batch_size: int) -> dict[str, np.ndarray]:
-        """Returns {"x": float32 (B, features), "y": int32 (B,)}."""
+    def batch(self, step: int, *, batch_size: int, rows=None) -> dict[str, np.ndarray]:
+        """Returns {"x": float32 (B, features), "y": int32 (B,)}; `rows` keeps those rows."""
         teacher = np.random.default_rng([self.seed, 2**31]).normal(
             size=(self.features, self.classes)
         )
         x = np.random.default_rng([self.seed, int(step)]).normal(size=(batch_size, self.features))
+        x = _rows(x, rows)
         return {"x": x.astype(np.float32), "y": np.argmax(x @ teacher, -1).astype(np.int32)}
+
+
+def _rows(array: np.ndarray, rows) -> np.ndarray:
+    """`array[rows]` (all rows when `rows` is None)."""
+    return array if rows is None else array[rows]

@@ -215,6 +215,8 @@ def train(cfg: TrainConfig, *, console: Any = None, quiet: bool = False) -> RunR
     from shardkit.train.report import write_report
 
     jax.config.update("jax_threefry_partitionable", True)
+    primary = jax.process_index() == 0  # several processes: process 0 prints and reports
+    quiet = quiet or not primary
     console = console or Console()
     say = (lambda *a, **k: None) if quiet else console.print
     devices = _devices(cfg)
@@ -237,7 +239,12 @@ def train(cfg: TrainConfig, *, console: Any = None, quiet: bool = False) -> RunR
         _print_table(console, rows, "parameter layouts")
         say(report_lint.summary())
 
-    _fresh_checkpoints(cfg, say)
+    if primary:
+        _fresh_checkpoints(cfg, say)
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices("shardkit train: checkpoint folder ready")
     ckpt = Checkpointer(cfg.checkpoints, save_every=cfg.save_every, max_to_keep=cfg.keep)
     meta = {"model": dataclasses.asdict(model_cfg), "strategy": repr(trainer.strategy)}
     if cfg.resume and ckpt.latest_step() is not None:
@@ -248,7 +255,7 @@ def train(cfg: TrainConfig, *, console: Any = None, quiet: bool = False) -> RunR
     start = int(jax.device_get(state.step))
 
     t0 = time.perf_counter()
-    first = trainer.place_batch(data.batch(start, batch_size=cfg.batch))
+    first = trainer.load_batch(data, start, batch_size=cfg.batch)
     compiled = trainer.compile_step(first)
     compile_s = time.perf_counter() - t0
     say(f"[bold]compiled[/] training step in {compile_s:.1f} s")
@@ -259,11 +266,7 @@ def train(cfg: TrainConfig, *, console: Any = None, quiet: bool = False) -> RunR
     window_t, window_n = time.perf_counter(), 0
     with Progress(cfg.steps, start=start, console=console, enabled=not quiet) as bar:
         for step in range(start, cfg.steps):
-            batch = (
-                first
-                if step == start
-                else trainer.place_batch(data.batch(step, batch_size=cfg.batch))
-            )
+            batch = first if step == start else trainer.load_batch(data, step, batch_size=cfg.batch)
             state, metrics = trainer.step(state, batch)
             window_n += 1
             done = step + 1
@@ -285,7 +288,7 @@ def train(cfg: TrainConfig, *, console: Any = None, quiet: bool = False) -> RunR
     evals = [
         trainer.evaluate(
             state.params,
-            trainer.place_batch(data.batch(10**9 + i, batch_size=cfg.batch), for_eval=True),
+            trainer.load_batch(data, 10**9 + i, batch_size=cfg.batch, for_eval=True),
         )
         for i in range(cfg.eval_batches)
     ]
@@ -319,7 +322,7 @@ def train(cfg: TrainConfig, *, console: Any = None, quiet: bool = False) -> RunR
         "checkpoints": f"{ckpt.directory} steps {ckpt.all_steps()}",
     }
     report_path = None
-    if cfg.report:
+    if cfg.report and primary:
         report_path = write_report(
             cfg.out,
             summary=summary,
@@ -349,7 +352,7 @@ def train(cfg: TrainConfig, *, console: Any = None, quiet: bool = False) -> RunR
         )
         (pathlib.Path(cfg.out) / "summary.json").write_text(json.dumps(summary, indent=1))
     ckpt.close()
-    console.print(
+    (console.print if primary else say)(
         f"[bold]done[/]     loss {history.last('loss'):.4f}, held-out accuracy {eval_acc:.3f}, "
         f"{tok_s:,.0f} tokens/s" + (f"; report {report_path}" if report_path else "")
     )

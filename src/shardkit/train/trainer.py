@@ -172,12 +172,52 @@ class Trainer:
             split *= self.mesh.shape[axis]
         return split * (self.grad_accum if micro else 1)
 
+    def _check_batch_size(self, size: int, micro: bool) -> None:
+        div = self.batch_divisor(micro=micro)
+        if size % div:
+            axes = {a: self.mesh.shape[a] for a in self.strategy.batch_axes(self.mesh)}
+            raise BatchSizeError(
+                f"batch size {size} is not divisible by {div} (mesh axes {axes} that split the "
+                f"batch x grad_accum={self.grad_accum if micro else 1}); fix: use a batch size "
+                f"that is a multiple of {div}, e.g. {max(div, size // div * div)}."
+            )
+
+    def process_rows(self, batch_size: int, *, for_eval: bool = False) -> np.ndarray:
+        """Indices of the global batch's rows that this process's devices hold.
+
+        All rows in a single process. With several processes each gets the rows of its own
+        devices (in the order `place_local_batch` expects), so data loaders read only those.
+
+        Raises:
+            BatchSizeError: if `batch_size` is not divisible as `place_batch` needs.
+
+        Example:
+            >>> trainer.process_rows(8)            # doctest: +SKIP
+            array([0, 1, 2, 3, 4, 5, 6, 7])        # one process; [0..3] / [4..7] with two
+        """
+        micro = self.grad_accum > 1 and not for_eval
+        self._check_batch_size(batch_size, micro)
+        shape = (self.grad_accum, batch_size // self.grad_accum) if micro else (batch_size,)
+        index = np.arange(batch_size).reshape(shape)
+        if jax.process_count() == 1:
+            return index.ravel()
+        sharding = self.batch_sharding({"x": np.zeros(shape + (1,))}, micro=micro)["x"]
+        dim = len(shape) - 1
+        spans = sorted(
+            {
+                (idx[dim].start or 0, shape[dim] if idx[dim].stop is None else idx[dim].stop)
+                for idx in sharding.addressable_devices_indices_map(shape + (1,)).values()
+            }
+        )
+        local = np.unique(np.concatenate([np.arange(a, b) for a, b in spans]))
+        return index[..., local].ravel()
+
     def place_batch(self, batch: Mapping[str, Any], *, for_eval: bool = False) -> dict:
         """Places a host batch (dict of NumPy arrays, batch dim first) on the mesh.
 
-        Uses `jax.make_array_from_process_local_data`, so each process passes only its rows
-        when running multi-process. With `grad_accum > 1` the batch is reshaped to
-        (grad_accum, batch // grad_accum, ...) first.
+        `batch` is the whole global batch; with several processes each keeps only the rows
+        of its own devices (to load only those rows, use `load_batch`). With `grad_accum > 1`
+        the batch is reshaped to (grad_accum, batch // grad_accum, ...) first.
 
         Raises:
             BatchSizeError: if the batch is not divisible by the batch-splitting mesh axes
@@ -187,25 +227,60 @@ class Trainer:
         if len(sizes) != 1:
             raise BatchSizeError(f"batch arrays have different leading sizes {sorted(sizes)}.")
         size = sizes.pop()
+        rows = self.process_rows(size, for_eval=for_eval)
+        if len(rows) != size:
+            batch = {k: np.asarray(v)[rows] for k, v in batch.items()}
+        return self.place_local_batch(batch, batch_size=size, for_eval=for_eval)
+
+    def place_local_batch(
+        self, batch: Mapping[str, Any], *, batch_size: int, for_eval: bool = False
+    ) -> dict:
+        """Places this process's rows (`process_rows(batch_size)`, in that order) on the mesh.
+
+        Uses `jax.make_array_from_process_local_data` with the global shape, so the result
+        is the global batch of `batch_size` rows whatever the process count.
+
+        Raises:
+            BatchSizeError: if the local rows are not the count `process_rows` gives.
+        """
         micro = self.grad_accum > 1 and not for_eval
-        div = self.batch_divisor(micro=micro)
-        if size % div:
-            axes = {a: self.mesh.shape[a] for a in self.strategy.batch_axes(self.mesh)}
-            raise BatchSizeError(
-                f"batch size {size} is not divisible by {div} (mesh axes {axes} that split the "
-                f"batch x grad_accum={self.grad_accum if micro else 1}); fix: use a batch size "
-                f"that is a multiple of {div}, e.g. {max(div, size // div * div)}."
-            )
+        want = len(self.process_rows(batch_size, for_eval=for_eval))
+        for key, value in batch.items():
+            if np.shape(value)[0] != want:
+                raise BatchSizeError(
+                    f"batch[{key!r}] has {np.shape(value)[0]} rows but process "
+                    f"{jax.process_index()} of {jax.process_count()} feeds {want} of the "
+                    f"global {batch_size}; fix: pass the rows trainer.process_rows({batch_size})."
+                )
         if micro:
             batch = {
-                k: np.reshape(v, (self.grad_accum, size // self.grad_accum) + np.shape(v)[1:])
+                k: np.reshape(v, (self.grad_accum, want // self.grad_accum) + np.shape(v)[1:])
                 for k, v in batch.items()
             }
         shardings = self.batch_sharding(batch, micro=micro)
+        lead = (self.grad_accum, batch_size // self.grad_accum) if micro else (batch_size,)
         return {
-            k: jax.make_array_from_process_local_data(shardings[k], np.asarray(v))
+            k: jax.make_array_from_process_local_data(
+                shardings[k], np.asarray(v), lead + np.shape(v)[len(lead) :]
+            )
             for k, v in batch.items()
         }
+
+    def load_batch(self, data: Any, step: int, *, batch_size: int, for_eval=False) -> dict:
+        """Loads and places batch `step` of `data`, reading only this process's rows.
+
+        Args:
+            data: a source with `batch(step, *, batch_size, rows)` (`ReverseTask`,
+                `TokenFile`, `TeacherTask`).
+            step: the batch index.
+            batch_size: the global batch size (the same on every process).
+
+        Example:
+            >>> batch = trainer.load_batch(ReverseTask(), 0, batch_size=64)  # doctest: +SKIP
+        """
+        rows = self.process_rows(batch_size, for_eval=for_eval)
+        local = data.batch(step, batch_size=batch_size, rows=rows)
+        return self.place_local_batch(local, batch_size=batch_size, for_eval=for_eval)
 
     # -- init -----------------------------------------------------------------------------
     def _init_fn(self, key):

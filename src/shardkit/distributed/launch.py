@@ -1,0 +1,234 @@
+"""`shardkit launch`: run N copies of a command as the ranks of one multi-process JAX job.
+
+The coordinator is process 0 on 127.0.0.1 at a free port. Each rank gets the variables that
+`shardkit.distributed.initialize()` reads (`SHARDKIT_COORDINATOR_ADDRESS`,
+`SHARDKIT_NUM_PROCESSES`, `SHARDKIT_PROCESS_ID`) and, with `devices_per_process`, that many
+simulated CPU devices. Output lines are prefixed `[rank i]`. When a rank fails, the launcher
+stops the others (SIGTERM, then SIGKILL after a grace period) and returns the failing rank's
+status, so a dead rank never leaves the rest hanging in a collective.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from typing import TextIO
+
+from shardkit.distributed import environment as _env
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port on `host` that is free right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def rank_env(
+    rank: int,
+    processes: int,
+    address: str,
+    *,
+    devices_per_process: int | None = None,
+    base: dict[str, str] | None = None,
+) -> dict[str, str]:
+    """The environment of one rank (launcher variables, unbuffered output, device count)."""
+    from shardkit.distributed.runtime import local_device_env
+
+    env = dict(os.environ if base is None else base)
+    if devices_per_process is not None:
+        env = local_device_env(devices_per_process, env)
+        env[_env.DEVICES_PER_PROCESS] = str(devices_per_process)
+        env.setdefault("JAX_PLATFORMS", "cpu")
+    env.update(
+        {
+            _env.COORDINATOR: address,
+            _env.NUM_PROCESSES: str(processes),
+            _env.PROCESS_ID: str(rank),
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
+    return env
+
+
+def _status(code: int) -> int:
+    """A shell-style exit status: a death by signal N becomes 128 + N."""
+    return 128 - code if code < 0 else code
+
+
+def _describe(code: int) -> str:
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exited with status {code}"
+
+
+def _pump(rank: int, stream, out: TextIO, lock: threading.Lock) -> None:
+    for line in iter(stream.readline, ""):
+        end = "" if line.endswith("\n") else "\n"  # a last line without a newline
+        with lock:
+            out.write(f"[rank {rank}] {line}{end}")
+            out.flush()
+    stream.close()
+
+
+def launch(
+    command: Sequence[str],
+    *,
+    processes: int,
+    devices_per_process: int | None = None,
+    port: int | None = None,
+    grace: float = 5.0,
+    timeout: float | None = None,
+    out: TextIO | None = None,
+    env: dict[str, str] | None = None,
+) -> int:
+    """Runs `command` as `processes` ranks of one job on this machine; returns the exit status.
+
+    Args:
+        command: the program and its arguments, e.g. `["python", "train.py"]`.
+        processes: number of ranks (>= 1).
+        devices_per_process: simulated CPU devices per rank (default: leave the device
+            configuration alone).
+        port: coordinator port on 127.0.0.1 (default: a free one).
+        grace: seconds between SIGTERM and SIGKILL when stopping ranks.
+        timeout: stop all ranks after this many seconds (default: no limit).
+        out: where prefixed output goes (default stdout).
+        env: base environment (default `os.environ`).
+
+    Returns:
+        0 when every rank succeeded; else the status of the rank that failed first (128 + N
+        for a death by signal N), which is the worst: the ranks stopped because of it do not
+        count.
+
+    Raises:
+        ValueError: for processes < 1, devices_per_process < 1 or an empty command.
+
+    Example:
+        >>> launch(["python", "-c", "print('hi')"], processes=2)  # doctest: +SKIP
+        [rank 0] hi
+        [rank 1] hi
+        0
+    """
+    if processes < 1:
+        raise ValueError(f"processes={processes} must be >= 1; fix: shardkit launch -n 2 -- ...")
+    if devices_per_process is not None and devices_per_process < 1:
+        raise ValueError(
+            f"devices_per_process={devices_per_process} must be >= 1; fix: --devices-per-process 1."
+        )
+    if not command:
+        raise ValueError("no command to launch; fix: shardkit launch -n 2 -- python train.py")
+    out = sys.stdout if out is None else out
+    address = f"127.0.0.1:{port or free_port()}"
+    lock = threading.Lock()
+    procs: list[subprocess.Popen] = []
+    pumps = []
+    for rank in range(processes):
+        proc = subprocess.Popen(
+            list(command),
+            env=rank_env(rank, processes, address, devices_per_process=devices_per_process,
+                         base=env),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            errors="replace",
+            start_new_session=True,  # so a stop reaches the rank's own children too
+        )  # fmt: skip
+        procs.append(proc)
+        t = threading.Thread(target=_pump, args=(rank, proc.stdout, out, lock), daemon=True)
+        t.start()
+        pumps.append(t)
+
+    def say(text: str) -> None:
+        with lock:
+            out.write(f"[launch] {text}\n")
+            out.flush()
+
+    failed: tuple[int, int] | None = None
+    start = time.monotonic()
+    try:
+        while any(p.poll() is None for p in procs):
+            for rank, p in enumerate(procs):
+                code = p.poll()
+                if code not in (None, 0) and failed is None:
+                    failed = (rank, code)
+            if failed is not None:
+                break
+            if timeout is not None and time.monotonic() - start > timeout:
+                say(f"timeout after {timeout:g} s; stopping all ranks")
+                failed = (-1, 124)
+                break
+            time.sleep(0.05)
+        else:
+            for rank, p in enumerate(procs):
+                if p.returncode and failed is None:
+                    failed = (rank, p.returncode)
+    except KeyboardInterrupt:
+        say("interrupted; stopping all ranks")
+        failed = (-1, 130)
+    if failed is not None and any(p.poll() is None for p in procs):
+        rank, code = failed
+        if rank >= 0:
+            running = [i for i, p in enumerate(procs) if p.poll() is None]
+            say(f"rank {rank} {_describe(code)}; stopping ranks {running}")
+        _stop(procs, grace)
+    elif failed is not None and failed[0] >= 0:
+        say(f"rank {failed[0]} {_describe(failed[1])}")
+    for t in pumps:
+        t.join(timeout=5)
+    return 0 if failed is None else _status(failed[1])
+
+
+def _stop(procs: list[subprocess.Popen], grace: float) -> None:
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 10.0)):
+        for p in procs:
+            if p.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(p.pid, sig)
+        deadline = time.monotonic() + wait
+        while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+
+# -- command line -------------------------------------------------------------------------
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The `shardkit launch` flags."""
+    parser.description = (
+        "Run a command as N ranks of one multi-process JAX job on this machine (coordinator on "
+        "127.0.0.1, free port). In the script, call shardkit.distributed.initialize() first. "
+        "Example: shardkit launch -n 2 --devices-per-process 4 -- python train.py"
+    )
+    parser.add_argument("-n", "--processes", type=int, required=True, help="number of ranks")
+    parser.add_argument(
+        "--devices-per-process", type=int, default=None,
+        help="simulated CPU devices per rank (sets XLA_FLAGS in each rank)",
+    )  # fmt: skip
+    parser.add_argument("--port", type=int, default=None, help="coordinator port (default free)")
+    parser.add_argument("--timeout", type=float, default=None, help="stop all ranks after S s")
+    parser.add_argument("cmd", nargs=argparse.REMAINDER, help="-- command and its arguments")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Runs `shardkit launch`."""
+    cmd = list(args.cmd)
+    if cmd and cmd[0] == "--":
+        cmd = cmd[1:]
+    if cmd and cmd[0] in ("python", "python3"):
+        cmd[0] = sys.executable  # the interpreter shardkit runs in, with its packages
+    return launch(
+        cmd,
+        processes=args.processes,
+        devices_per_process=args.devices_per_process,
+        port=args.port,
+        timeout=args.timeout,
+    )
