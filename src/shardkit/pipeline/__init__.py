@@ -1,0 +1,48 @@
+"""Pipeline parallelism over a 'stage' mesh axis: schedules, their simulator and timelines.
+
+Schedules (:class:`GPipe`, :class:`OneFOneB`, :class:`Interleaved`, :class:`ZeroBubbleH1`) give
+per-device op orders; :func:`table` packs them into the lockstep step table the SPMD executor
+runs; :func:`simulate` runs the same orders as an event simulation with per-op costs and
+:func:`plot` draws either as a timeline.
+
+Example:
+    >>> from shardkit.pipeline import OneFOneB, simulate, table
+    >>> table(OneFOneB(), p=4, m=8).steps
+    14
+    >>> round(simulate(OneFOneB(), p=4, m=8).bubble, 4)   # (p-1)/(m+p-1)
+    0.2727
+"""
+
+from shardkit.pipeline.schedule import BI as BI
+from shardkit.pipeline.schedule import IDLE as IDLE
+from shardkit.pipeline.schedule import KIND_CODES as KIND_CODES
+from shardkit.pipeline.schedule import B as B
+from shardkit.pipeline.schedule import Costs as Costs
+from shardkit.pipeline.schedule import F as F
+from shardkit.pipeline.schedule import GPipe as GPipe
+from shardkit.pipeline.schedule import Interleaved as Interleaved
+from shardkit.pipeline.schedule import OneFOneB as OneFOneB
+from shardkit.pipeline.schedule import Op as Op
+from shardkit.pipeline.schedule import Schedule as Schedule
+from shardkit.pipeline.schedule import Table as Table
+from shardkit.pipeline.schedule import W as W
+from shardkit.pipeline.schedule import ZeroBubbleH1 as ZeroBubbleH1
+from shardkit.pipeline.schedule import table as table
+
+__all__ = [
+    "B",
+    "BI",
+    "F",
+    "IDLE",
+    "KIND_CODES",
+    "W",
+    "Costs",
+    "GPipe",
+    "Interleaved",
+    "OneFOneB",
+    "Op",
+    "Schedule",
+    "Table",
+    "ZeroBubbleH1",
+    "table",
+]
