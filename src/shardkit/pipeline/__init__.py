@@ -28,6 +28,9 @@ from shardkit.pipeline.schedule import Table as Table
 from shardkit.pipeline.schedule import W as W
 from shardkit.pipeline.schedule import ZeroBubbleH1 as ZeroBubbleH1
 from shardkit.pipeline.schedule import table as table
+from shardkit.pipeline.simulate import Event as Event
+from shardkit.pipeline.simulate import Timeline as Timeline
+from shardkit.pipeline.simulate import simulate as simulate
 
 __all__ = [
     "B",
@@ -37,12 +40,15 @@ __all__ = [
     "KIND_CODES",
     "W",
     "Costs",
+    "Event",
     "GPipe",
     "Interleaved",
     "OneFOneB",
     "Op",
     "Schedule",
     "Table",
+    "Timeline",
     "ZeroBubbleH1",
+    "simulate",
     "table",
 ]

@@ -254,12 +254,18 @@ class Interleaved:
     def check(self, p: int, m: int, layers: int | None = None) -> None:
         """Raise ``ValueError`` with a fix if ``m % p != 0`` or ``p``/``layers`` do not fit."""
         _check_common(f"Interleaved(v={self.v})", p, m, self.v, layers)
+        if m < p:
+            raise ValueError(
+                f"Interleaved(v={self.v}): m={m} micro-batches < p={p} stages; micro-batches go "
+                f"round the ring in groups of p, so m must be a multiple of p; "
+                f"fix: use microbatches={p} (or a larger multiple of {p})"
+            )
         if m % p:
-            lo, hi = max(p, m - m % p), m - m % p + p
+            lo, hi = m - m % p, m - m % p + p
             raise ValueError(
                 f"Interleaved(v={self.v}): m={m} micro-batches is not a multiple of p={p} "
                 f"stages (micro-batches go round the ring in groups of p); "
-                f"fix: use microbatches={hi}" + (f" or {lo}" if lo != hi and lo >= p else "")
+                f"fix: use microbatches={hi} or {lo}"
             )
 
     def _op(self, kind: str, k: int, p: int) -> Op:
@@ -289,7 +295,8 @@ class ZeroBubbleH1:
     Textbook 1F1B order with ``B`` replaced by ``BI``; on device ``d`` the weight gradient
     ``W(j)`` runs right after ``BI(j + d)`` (the leftover ``d`` W's at the end fill the
     cool-down), so each device holds at most ``p`` micro-batches, as 1F1B. Idle time per device
-    is ``(p-1)(t_f + t_b - t_w)`` against 1F1B's ``(p-1)(t_f + t_b + t_w)``.
+    is ``(p-1)(t_f + t_b - t_w)`` against 1F1B's ``(p-1)(t_f + t_b + t_w)``; needs ``m >= p``
+    (with fewer micro-batches there are too few W's to fill the bubbles).
 
     Example:
         >>> [o.kind + str(o.microbatch) for o in ZeroBubbleH1().orders(2, 2)[1]]
@@ -303,6 +310,12 @@ class ZeroBubbleH1:
     def check(self, p: int, m: int, layers: int | None = None) -> None:
         """Raise ``ValueError`` with a fix if ``p``, ``m`` or ``layers`` do not fit."""
         _check_common("ZeroBubbleH1", p, m, 1, layers)
+        if m < p:
+            raise ValueError(
+                f"ZeroBubbleH1: m={m} micro-batches < p={p} stages; its weight-gradient ops fill "
+                f"the bubbles only when m >= p (with fewer it is slower than OneFOneB); "
+                f"fix: use microbatches={p} or more, or schedule=OneFOneB()"
+            )
 
     def orders(self, p: int, m: int) -> list[list[Op]]:
         """Per-device program order: F, BI, W with W(j) after BI(j + d) on device d."""
