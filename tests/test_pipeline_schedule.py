@@ -214,3 +214,30 @@ def test_bad_input_names_the_fix(call, match):
 def test_non_integer_counts_are_rejected():
     with pytest.raises(TypeError, match=r"m=2.0 must be an int; fix"):
         table(GPipe(), 2, 2.0)
+
+
+def _pixels_near(img, colour, tol=0.02):
+    rgb = np.array([int(colour[i : i + 2], 16) / 255 for i in (1, 3, 5)])
+    return int((np.abs(img[..., :3] - rgb).max(axis=-1) < tol).sum())
+
+
+def test_plot_writes_a_timeline_png(tmp_path):
+    import matplotlib.image
+
+    from shardkit.pipeline import plot
+    from shardkit.pipeline.plot import COLOURS
+
+    unit = Costs(1.0, 1.0, 1.0)
+    one = plot(simulate(GPipe(), 2, 4), tmp_path / "gpipe.png")
+    zb_items = [table(ZeroBubbleH1(), 2, 4), simulate(ZeroBubbleH1(), 2, 4, unit)]
+    both = plot(zb_items, tmp_path / "zb.png")
+    gpipe, zb = matplotlib.image.imread(one), matplotlib.image.imread(both)
+    assert zb.shape[0] > gpipe.shape[0] > 100 and gpipe.shape[1] > 1000
+    # GPipe: forward and backward boxes of equal count, backward twice as long (t_b = 2 t_f)
+    f, b = _pixels_near(gpipe, COLOURS["F"]), _pixels_near(gpipe, COLOURS["B"])
+    assert 1.6 < b / f < 2.4
+    assert _pixels_near(gpipe, COLOURS["W"]) == 0 < _pixels_near(zb, COLOURS["W"])
+    with pytest.raises(TypeError, match=r"items\[0\] is a str.*fix: pass simulate"):
+        plot(["gpipe"], tmp_path / "x.png")
+    with pytest.raises(ValueError, match=r"not a .png file; fix: end it in '.png'"):
+        plot(zb_items, tmp_path / "zb.svg")

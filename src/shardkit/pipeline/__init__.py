@@ -13,6 +13,7 @@ Example:
     0.2727
 """
 
+from shardkit.pipeline.plot import plot as plot
 from shardkit.pipeline.schedule import BI as BI
 from shardkit.pipeline.schedule import IDLE as IDLE
 from shardkit.pipeline.schedule import KIND_CODES as KIND_CODES
@@ -49,6 +50,7 @@ __all__ = [
     "Table",
     "Timeline",
     "ZeroBubbleH1",
+    "plot",
     "simulate",
     "table",
 ]
