@@ -130,6 +130,8 @@ def test_bubble_with_communication_latency():
     p, m, c = 4, 8, 0.25
     tl = simulate(GPipe(), p, m, Costs(t_comm=c))
     assert tl.makespan == pytest.approx((p - 1) * (3 + 2 * c) + 3 * m)
+    free = simulate(GPipe(), p, m, Costs(0.0, 0.0))
+    assert (free.makespan, free.bubble, free.bubble_over_compute) == (0.0, 0.0, 0.0)
 
 
 @pytest.mark.parametrize("p", (2, 4, 8))

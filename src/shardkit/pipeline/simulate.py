@@ -67,7 +67,7 @@ class Timeline:
     @property
     def bubble(self) -> float:
         """Idle share of the step: ``sum(idle) / (p * makespan)``; GPipe: ``(p-1)/(m+p-1)``."""
-        return sum(self.idle) / (self.p * self.makespan)
+        return sum(self.idle) / (self.p * self.makespan) if self.makespan else 0.0
 
     @property
     def bubble_over_compute(self) -> float:
@@ -76,7 +76,8 @@ class Timeline:
         This is the form of Narayanan et al. (2021): ``(p-1)/(v*m)`` for the interleaved
         schedule.
         """
-        return sum(self.idle) / sum(self.busy)
+        busy = sum(self.busy)
+        return sum(self.idle) / busy if busy else 0.0
 
     @property
     def peak_in_flight(self) -> tuple[int, ...]:
