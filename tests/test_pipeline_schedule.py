@@ -100,6 +100,8 @@ def test_step_counts_match_closed_forms():
 def test_fused_1f1b_places_f_and_b_at_closed_form_steps():
     p, m = 4, 8
     t = table(OneFOneB(), p, m)
+    with pytest.raises(ValueError, match="read-only"):
+        t.ops[0, 0, 0, 0] = W
     for d in range(p):
         for j in range(m):
             assert tuple(t.ops[d + j, d, 0]) == (F, j, 0)

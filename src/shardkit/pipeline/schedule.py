@@ -365,7 +365,7 @@ def _done_keys(op: Op, d: int, p: int) -> list[tuple[str, int, int]]:
     return [("W", op.microbatch, s)]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Table:
     """The lockstep step table of a schedule, as the SPMD executor runs it.
 
@@ -390,6 +390,9 @@ class Table:
     m: int
     virtual: int
     ops: np.ndarray
+
+    def __post_init__(self):
+        self.ops.flags.writeable = False  # a table is a value: share it, never edit it
 
     @property
     def steps(self) -> int:
