@@ -161,8 +161,10 @@ def test_zero_bubble_h1_halves_the_1f1b_bubble(p):
 def test_table_idle_fraction_equals_simulation_with_unit_costs():
     for schedule, p, m in GRID:
         unit = Costs(1.0, 1.0, 1.0 if schedule.name == "zb-h1" else 0.0)
-        got = table(schedule, p, m).idle_fraction
-        assert got == pytest.approx(simulate(schedule, p, m, unit).bubble, abs=1e-12)
+        t = table(schedule, p, m)
+        assert t.idle_fraction == pytest.approx(simulate(schedule, p, m, unit).bubble, abs=1e-12)
+        slots = (2 * p - 2) / (m + 2 * p - 2) if t.lanes == 2 else t.idle_fraction
+        assert t.slot_idle_fraction == pytest.approx(slots, abs=1e-12)
 
 
 def test_peak_in_flight():

@@ -438,9 +438,16 @@ class Table:
 
         With one lane this is idle ``(step, device)`` slots / all slots. With two lanes a step
         in which some device runs both lanes counts as two units, as in the event simulator
-        with ``t_f = t_b``, so the fused 1F1B scores GPipe's ``(p-1)/(m+p-1)``.
+        with ``t_f = t_b``, so the fused 1F1B scores GPipe's ``(p-1)/(m+p-1)``
+        (:attr:`slot_idle_fraction` counts the raw slots).
         """
         return self.bubble(None)
+
+    @property
+    def slot_idle_fraction(self) -> float:
+        """Idle ``(step, device, lane)`` slots over all slots (equals :attr:`idle_fraction`
+        with one lane; ``(2p-2)/(m+2p-2)`` for the fused 1F1B, whose lanes are short ops)."""
+        return float((self.ops[..., 0] == IDLE).mean())
 
     @property
     def peak_in_flight(self) -> tuple[int, ...]:
