@@ -54,3 +54,20 @@ __all__ = [
     "simulate",
     "table",
 ]
+
+# The SPMD executor imports JAX, so its names load on first use (the schedules stay pure Python).
+_ENGINE = (
+    "PipelinedValueAndGrad",
+    "gpipe_value_and_grad",
+    "pipeline_value_and_grad",
+    "reference_value_and_grad",
+)
+__all__ += list(_ENGINE)
+
+
+def __getattr__(name: str):
+    if name in _ENGINE:
+        from shardkit.pipeline import engine
+
+        return getattr(engine, name)
+    raise AttributeError(f"module 'shardkit.pipeline' has no attribute {name!r}")
