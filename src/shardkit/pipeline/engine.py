@@ -63,25 +63,15 @@ def _vary(tree: Any, axes: Sequence[str]) -> Any:
 
 
 def _reduce(tree: Any, op: Callable, axes: Sequence[str]) -> Any:
-    """Reduces all leaves of ``tree`` over ``axes``: one collective per (dtype, varying axes)."""
+    """Reduces all leaves of ``tree`` over ``axes`` in one (tuple) collective.
+
+    The leaves go to one ``psum``/``pmean`` together rather than concatenated, so leaves that
+    the compiler shards over other mesh axes (e.g. 'tensor') keep their layout.
+    """
     leaves, treedef = jax.tree.flatten(tree)
     if not leaves or not axes:
         return tree
-    out: list[Any] = [None] * len(leaves)
-
-    def key(a):
-        return (str(a.dtype), tuple(sorted(jax.typeof(a).manual_axis_type.varying)))
-
-    for group in sorted({key(a) for a in leaves}):
-        idx = [j for j, a in enumerate(leaves) if key(a) == group]
-        flat = jnp.concatenate([leaves[j].reshape(-1) for j in idx])
-        flat = op(flat, tuple(axes))
-        offset = 0
-        for j in idx:
-            n = leaves[j].size
-            out[j] = flat[offset : offset + n].reshape(leaves[j].shape)
-            offset += n
-    return jax.tree.unflatten(treedef, out)
+    return jax.tree.unflatten(treedef, op(leaves, tuple(axes)))
 
 
 def _index(tree: Any, i: Any) -> Any:
