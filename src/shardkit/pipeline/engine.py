@@ -270,7 +270,9 @@ class PipelinedValueAndGrad:
         return self._run(stage_params, last_params, xs, targets)
 
 
-def _spmd(body, *, mesh, stage_axis, data_axes, v, stage_params, last_params, xs, targets):
+def _spmd(
+    body, *, mesh, stage_axis, data_axes, v, input_grad, stage_params, last_params, xs, targets
+):
     """Runs ``body`` under shard_map with the common layout, prologue and epilogue."""
     p = dict(mesh.shape)[stage_axis]
     manual = (stage_axis, *data_axes)
@@ -314,7 +316,7 @@ def _spmd(body, *, mesh, stage_axis, data_axes, v, stage_params, last_params, xs
         local,
         mesh=mesh,
         in_specs=(sspec, P(), xspec, xspec),
-        out_specs=(P(), sspec, P(), xspec),
+        out_specs=(P(), sspec, P(), xspec if input_grad else P()),
         axis_names=frozenset(manual),
     )
     loss, gsp, glp, gxs = f(sp, lp, xs_, ts_)
@@ -329,7 +331,7 @@ def _last(stage_fn, last_fn):
     return fn
 
 
-def _table_body(stage_fn, last_fn, plan: sl.Plan, *, stage_axis, v):
+def _table_body(stage_fn, last_fn, plan: sl.Plan, *, stage_axis, v, input_grad):
     tbl = plan.table
     p, L = tbl.p, tbl.lanes
     m = tbl.m
@@ -444,7 +446,7 @@ def _table_body(stage_fn, last_fn, plan: sl.Plan, *, stage_axis, v):
         gbuf = _slots(x0, plan.g_slots + 1)
         rbuf = _slots(mid.proto, plan.res_slots + 1) if stash else None
         lbuf = _slots(end.proto, plan.last_slots + 1) if stash else None
-        gxs = _slots(x0, m + 1)
+        gxs = _slots(x0, m) if input_grad else None  # the output itself: no trash slot
         grads = zeros(sp) if grad_lanes else None
         glast = zeros(lp) if grad_lanes else None
         loss = vary(jnp.zeros((), jnp.float32))
@@ -478,8 +480,14 @@ def _table_body(stage_fn, last_fn, plan: sl.Plan, *, stage_axis, v):
                 if stash and "res" in got:
                     rbuf = _put(rbuf, col(sl.RW), got["res"])
                     lbuf = _put(lbuf, col(sl.LW), got["lres"])
-                if "gx" in got:
-                    gxs = _put(gxs, col(sl.GXI), got["gx"])
+                if "gx" in got and input_grad:
+                    j = col(sl.GXI)
+                    keep = j < m
+                    j = jnp.minimum(j, m - 1)
+                    new = jax.tree.map(
+                        lambda a, b, keep=keep: jnp.where(keep, a, b), got["gx"], _index(gxs, j)
+                    )
+                    gxs = _put(gxs, j, new)
                 ys.append(got.get("y"))
                 gs.append(got.get("gx"))
             y = _pick(ys, row[tail + sl.FLANE])
@@ -495,7 +503,6 @@ def _table_body(stage_fn, last_fn, plan: sl.Plan, *, stage_axis, v):
         carry = (xbuf, gbuf, rbuf, lbuf, gxs, grads, glast, loss)
         carry, _ = lax.scan(step, carry, cols)
         _, _, _, _, gxs, grads, glast, loss = carry
-        gxs = jax.tree.map(lambda a: a[:m], gxs)
         return loss, grads, glast, gxs
 
     return body
@@ -514,7 +521,7 @@ def _pick(values, lane):
     return out
 
 
-def _autodiff_body(stage_fn, last_fn, *, p, m, stage_axis, remat):
+def _autodiff_body(stage_fn, last_fn, *, p, m, stage_axis, remat, input_grad):
     fn = jax.checkpoint(stage_fn) if remat else stage_fn
     perm = [(d, d + 1) for d in range(p - 1)]
     T = m + p - 1
@@ -541,6 +548,9 @@ def _autodiff_body(stage_fn, last_fn, *, p, m, stage_axis, remat):
         return lax.cond(d == p - 1, head, lambda: _vary(jnp.zeros((), jnp.float32), axes))
 
     def body(sp, lp, xs, ts):
+        if not input_grad:
+            loss, (gsp, glp) = jax.value_and_grad(forward, argnums=(0, 1))(sp, lp, xs, ts)
+            return loss, gsp, glp, None
         loss, (gsp, glp, gxs) = jax.value_and_grad(forward, argnums=(0, 1, 2))(sp, lp, xs, ts)
         return loss, gsp, glp, gxs
 
@@ -560,6 +570,7 @@ def pipeline_value_and_grad(
     stage_axis: str = "stage",
     data_axes: Sequence[str] = (),
     residuals: str = "recompute",
+    input_grad: bool = True,
 ) -> PipelinedValueAndGrad:
     """Pipelined loss and gradients of ``mean_i last_fn(last_params, stages(xs[i]), targets[i])``.
 
@@ -581,6 +592,8 @@ def pipeline_value_and_grad(
             ``stage_axis`` (e.g. 'tensor') are left to the compiler.
         residuals: ``"recompute"`` (the backward reruns the stage's forward) or ``"stash"``
             (the forward keeps the micro-batch-dependent residuals; never the weights).
+        input_grad: return ``g_xs``; with False it is None and the ``[m, mb, ...]`` buffer
+            that collects it (the one temporary that grows with ``m``) is not allocated.
 
     Returns:
         ``f(stage_params, last_params, xs, targets) -> (loss, (g_stage, g_last, g_xs))``
@@ -619,7 +632,7 @@ def pipeline_value_and_grad(
     v = schedule.virtual
     tbl = table(schedule, p, m)
     plan = sl.plan(tbl, stash=residuals == "stash")
-    body = _table_body(stage_fn, last_fn, plan, stage_axis=stage_axis, v=v)
+    body = _table_body(stage_fn, last_fn, plan, stage_axis=stage_axis, v=v, input_grad=input_grad)
 
     def run(stage_params, last_params, xs, targets):
         _check_inputs(
@@ -627,7 +640,7 @@ def pipeline_value_and_grad(
             p=p, v=v, m=m, n_data=n_data, data_axes=data_axes,
         )  # fmt: skip
         return _spmd(
-            body, mesh=mesh, stage_axis=stage_axis, data_axes=data_axes, v=v,
+            body, mesh=mesh, stage_axis=stage_axis, data_axes=data_axes, v=v, input_grad=input_grad,
             stage_params=stage_params, last_params=last_params, xs=xs, targets=targets,
         )  # fmt: skip
 
@@ -643,13 +656,15 @@ def gpipe_value_and_grad(
     stage_axis: str = "stage",
     data_axes: Sequence[str] = (),
     remat: bool = False,
+    input_grad: bool = True,
 ) -> PipelinedValueAndGrad:
     """GPipe by autodiff: the forward schedule in a ``lax.scan``, gradients by ``jax.grad``.
 
     The baseline the table schedules are measured against: ``m + p - 1`` forward steps, one
     activation ``ppermute`` each, and autodiff's reverse scan (which keeps every step's
     residuals, so memory grows with ``m``; ``remat=True`` keeps only stage inputs).
-    Same arguments and result as :func:`pipeline_value_and_grad` (one stage per device).
+    Same arguments and result as :func:`pipeline_value_and_grad` (one stage per device;
+    ``input_grad`` likewise).
 
     Example:
         >>> f = gpipe_value_and_grad(stage_fn, last_fn, mesh=mesh, microbatches=8)
@@ -660,7 +675,9 @@ def gpipe_value_and_grad(
     p, n_data = _axes(mesh, stage_axis, data_axes)
     m = microbatches
     GPipe().check(p, m)
-    body = _autodiff_body(stage_fn, last_fn, p=p, m=m, stage_axis=stage_axis, remat=remat)
+    body = _autodiff_body(
+        stage_fn, last_fn, p=p, m=m, stage_axis=stage_axis, remat=remat, input_grad=input_grad
+    )
 
     def run(stage_params, last_params, xs, targets):
         _check_inputs(
@@ -668,7 +685,7 @@ def gpipe_value_and_grad(
             p=p, v=1, m=m, n_data=n_data, data_axes=data_axes,
         )  # fmt: skip
         return _spmd(
-            body, mesh=mesh, stage_axis=stage_axis, data_axes=data_axes, v=1,
+            body, mesh=mesh, stage_axis=stage_axis, data_axes=data_axes, v=1, input_grad=input_grad,
             stage_params=stage_params, last_params=last_params, xs=xs, targets=targets,
         )  # fmt: skip
 
