@@ -88,7 +88,7 @@ def _slots(proto: Any, n: int) -> Any:
 
 
 def _path(kp) -> str:
-    return jax.tree_util.keystr(kp) or "<root>"
+    return jax.tree_util.keystr(kp)
 
 
 def _explicit(mesh) -> bool:
@@ -279,21 +279,7 @@ def _spmd(
     dspec = tuple(data_axes) if len(data_axes) > 1 else (data_axes[0] if data_axes else None)
     n_data = math.prod(dict(mesh.shape)[a] for a in data_axes)
 
-    explicit = _explicit(mesh)
-
-    def split(a):  # [p*v, ...] model order -> [v, p, ...]
-        if not explicit:
-            return a.reshape((v, p, *a.shape[1:]))
-        rest = _spec_without(a, manual)[1:]
-        out = NamedSharding(mesh, P(None, stage_axis, *rest))
-        return lax.reshape(a, (v, p, *a.shape[1:]), out_sharding=out)
-
-    def merge(g, a):  # [v, p, ...] -> [p*v, ...] laid out as the stage parameter ``a``
-        if not explicit:
-            return g.reshape(a.shape)
-        return lax.reshape(g, a.shape, out_sharding=jax.typeof(a).sharding)
-
-    sp = jax.tree.map(split, stage_params)
+    sp = jax.tree.map(lambda a: _place(a, mesh, {0: stage_axis}, manual), stage_params)
     lp = jax.tree.map(lambda a: _place(a, mesh, {}, manual), last_params)
     xs_, ts_ = (
         jax.tree.map(lambda a: _place(a, mesh, {0: None, 1: dspec}, manual), t)
@@ -301,17 +287,17 @@ def _spmd(
     )
 
     def local(sp, lp, xs, ts):
-        sp = _vary(jax.tree.map(lambda a: a[:, 0], sp), manual)  # [v, ...]
+        sp = _vary(_regroup(sp, p, v, stage_axis, to_chunks=True), manual)  # [v, ...]
         lp, xs, ts = _vary((lp, xs, ts), manual)
         loss, gsp, glp, gxs = body(sp, lp, xs, ts)
         if data_axes:
             gxs = jax.tree.map(lambda g: g / n_data, gxs)
             gsp, glp, loss = _reduce((gsp, glp, loss), lax.pmean, data_axes)
         glp, loss, gxs = _reduce((glp, loss, gxs), lax.psum, (stage_axis,))
-        return loss, jax.tree.map(lambda g: g[:, None], gsp), glp, gxs
+        return loss, _regroup(gsp, p, v, stage_axis, to_chunks=False), glp, gxs
 
     xspec = P(None, dspec)
-    sspec = P(None, stage_axis)
+    sspec = P(stage_axis)
     f = jax.shard_map(
         local,
         mesh=mesh,
@@ -320,8 +306,43 @@ def _spmd(
         axis_names=frozenset(manual),
     )
     loss, gsp, glp, gxs = f(sp, lp, xs_, ts_)
-    gsp = jax.tree.map(merge, gsp, stage_params)
     return loss, (gsp, glp, gxs)
+
+
+def _regroup(tree: Any, p: int, v: int, stage_axis: str, *, to_chunks: bool) -> Any:
+    """Moves stage parameters between the block layout and the chunk layout (inside shard_map).
+
+    Block layout (how ``P('stage')`` splits the ``p*v`` model stages): device ``a`` holds
+    stages ``a*v .. a*v+v-1``. Chunk layout (what the schedules run): device ``d`` holds
+    stages ``c*p + d`` for chunks ``c = 0 .. v-1``. For each (chunk ``c``, block slot ``b``)
+    the devices that exchange form a partial permutation, so ``v**2`` ppermutes of one stage
+    each move every stage once, with no all-gather. With ``v = 1`` both layouts agree.
+    """
+    if v == 1:
+        return tree
+    moves = []  # (c, b, [(block device, chunk device)])
+    for c in range(v):
+        for b in range(v):
+            pairs = [((c * p + d) // v, d) for d in range(p) if (c * p + d) % v == b]
+            if pairs:
+                moves.append((c, b, pairs))
+
+    def move(x, pairs):
+        if all(src == dst for src, dst in pairs):  # stays on its device: no collective
+            here = jnp.isin(lax.axis_index(stage_axis), jnp.array([src for src, _ in pairs]))
+            return jnp.where(here, x, jnp.zeros_like(x))
+        return lax.ppermute(x, stage_axis, pairs)
+
+    def one(a):  # a: [v, ...] local
+        out = [jnp.zeros_like(a[0]) for _ in range(v)]
+        for c, b, pairs in moves:
+            if to_chunks:
+                out[c] = out[c] + move(a[b], pairs)
+            else:
+                out[b] = out[b] + move(a[c], [(d, s) for s, d in pairs])
+        return jnp.stack(out)
+
+    return jax.tree.map(one, tree)
 
 
 def _last(stage_fn, last_fn):
