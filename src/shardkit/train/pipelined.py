@@ -7,9 +7,10 @@ and the head and loss run as the last part. The embedding's gradient comes from 
 input cotangent. Parameters and gradients keep the canonical layout (stacked layers whole,
 split over "stage"), so optimizer state and checkpoints do not depend on the stage count.
 
-The pipelined loss is the mean of the micro-batch losses, the same as `grad_accum` gives without
-a pipeline; for the masked cross-entropy it equals the full-batch loss when every micro-batch
-holds the same number of unmasked tokens (true for the reversal task and token files).
+The pipelined loss is the mean of the micro-batch losses (each averaged over its data shards),
+as `grad_accum` gives without a pipeline; for the masked cross-entropy it equals the full-batch
+loss when every sequence holds the same number of unmasked tokens (true for the reversal task
+and token files).
 """
 
 from __future__ import annotations
