@@ -93,12 +93,15 @@ def test_shardkit_train_pipeline_and_checkpoint_across_stage_counts(tmp_path, ca
     out = tmp_path / "run"
     code = main(
         ["train", "--strategy", "hybrid", "--mesh", "data=2,stage=4", "--schedule", "1f1b",
-         "--microbatches", "4", "--steps", "6", "--lr", "0.03", "--batch", "16",
-         "--log-every", "1", "--save-every", "3", "--out", str(out), *TINY]
+         "--microbatches", "4", "--residuals", "stash", "--steps", "6", "--lr", "0.03",
+         "--batch", "16", "--log-every", "1", "--save-every", "3", "--out", str(out), *TINY]
     )  # fmt: skip
     assert code == 0  # the audit found the strategy's collectives, collective-permute included
-    text = capsys.readouterr().out
-    assert "stage x4 (pipeline: layers in 4 stages, 1f1b schedule, 4 micro-batches)" in text
+    text = " ".join(capsys.readouterr().out.split())  # rich wraps long lines
+    assert (
+        "stage x4 (pipeline: layers in 4 stages, 1f1b schedule, 4 micro-batches, stashed "
+        "residuals)" in text
+    )
     assert "bubble: executed table 0.429 idle; simulator 0.429" in text
     assert "collective-permute" in text and "collectives match the strategy" in text
     html = (out / "report.html").read_text()
@@ -132,6 +135,8 @@ def test_bad_pipeline_settings_are_clear_errors():
         Pipeline(stages=4, schedule="zb-h1", microbatches=2)
     with pytest.raises(ValueError, match=r"unknown pipeline schedule 'pipedream'; fix"):
         Pipeline(stages=4, schedule="pipedream")
+    with pytest.raises(ValueError, match=r"residuals='keep'\) is not 'recompute' or 'stash'; fix"):
+        Pipeline(stages=4, residuals="keep")
     with pytest.raises(ValueError, match=r"FSDP inside pipeline stages.*fix: split the batch"):
         Hybrid(fsdp=2, pipeline=Pipeline(stages=4))
     with pytest.raises(ValueError, match=r"--schedule configures pipeline stages.*fix: add"):

@@ -18,6 +18,7 @@ def from_name(
     mesh: Mapping[str, int] | None = None,
     schedule: str | None = None,
     microbatches: int | None = None,
+    residuals: str | None = None,
 ):
     """Builds a strategy from a short name and optional mesh axis sizes.
 
@@ -30,6 +31,7 @@ def from_name(
         schedule: pipeline schedule name ("gpipe", "1f1b", "interleaved", "zb-h1"; default
             "1f1b"); needs "stage" in `mesh`.
         microbatches: pipeline micro-batches per step (default 2 x stage); needs "stage".
+        residuals: "recompute" (default) or "stash" (see `Pipeline`); needs "stage".
 
     Raises:
         ValueError: for an unknown name or mesh axis, an axis the strategy does not use, or
@@ -57,8 +59,10 @@ def from_name(
             f"mesh axis 'stage' has size {stages}; the pipeline needs a fixed stage count; "
             "fix: --mesh data=2,stage=4."
         )
-    if stages == 1 and (schedule is not None or microbatches is not None):
-        given = "--schedule" if schedule is not None else "--microbatches"
+    options = {"--schedule": schedule, "--microbatches": microbatches, "--residuals": residuals}
+    given = [flag for flag, value in options.items() if value is not None]
+    if stages == 1 and given:
+        given = given[0]
         raise ValueError(
             f"{given} configures pipeline stages but the mesh {mesh or '{}'} has no 'stage' "
             "axis > 1; fix: add the stage count to the mesh, e.g. --strategy hybrid "
@@ -68,7 +72,12 @@ def from_name(
         degrees = mesh or {"data": -1, "tensor": 2}
         pipeline = None
         if stages > 1:
-            pipeline = Pipeline(stages=stages, schedule=schedule, microbatches=microbatches)
+            pipeline = Pipeline(
+                stages=stages,
+                schedule=schedule,
+                microbatches=microbatches,
+                residuals=residuals or "recompute",
+            )
         return Hybrid(
             **{a: int(degrees.get(a, 1)) for a in MESH_AXES if a != "stage"}, pipeline=pipeline
         )

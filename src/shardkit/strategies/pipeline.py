@@ -65,7 +65,9 @@ class Pipeline:
             `Interleaved(v=2)`, `ZeroBubbleH1()`) or its short name ("gpipe", "1f1b",
             "interleaved", "zb-h1"); default fused 1F1B.
         microbatches: micro-batches per step (m); default 2 * stages. The global batch is
-            cut into m micro-batches; "data" (and "fsdp") split each micro-batch.
+            cut into m micro-batches; "data" splits each micro-batch.
+        residuals: "recompute" (each backward op reruns its stage's forward: least memory)
+            or "stash" (forwards keep the residuals of in-flight micro-batches: no recompute).
 
     Raises:
         ValueError: for stages or microbatches < 1, an unknown schedule name, or a
@@ -81,8 +83,14 @@ class Pipeline:
     stages: int = 2
     schedule: Any = None
     microbatches: int | None = None
+    residuals: str = "recompute"
 
     def __post_init__(self):
+        if self.residuals not in ("recompute", "stash"):
+            raise ValueError(
+                f"Pipeline(residuals={self.residuals!r}) is not 'recompute' or 'stash'; "
+                "fix: Pipeline(residuals='stash') to keep residuals instead of recomputing."
+            )
         if not isinstance(self.stages, int) or self.stages < 1:
             raise ValueError(
                 f"Pipeline(stages={self.stages!r}) must be a positive int (devices along mesh "
@@ -133,5 +141,6 @@ class Pipeline:
         v = f", v={self.virtual}" if self.virtual > 1 else ""
         return (
             f"stage x{self.stages} (pipeline: layers in {self.n_stages} stages{v}, "
-            f"{self.schedule.name} schedule, {self.microbatches} micro-batches)"
+            f"{self.schedule.name} schedule, {self.microbatches} micro-batches"
+            + (", stashed residuals)" if self.residuals == "stash" else ")")
         )

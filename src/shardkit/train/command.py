@@ -21,6 +21,7 @@ _FLAGS = [
     ("--strategy", "strategy", str, "auto, dp, fsdp, zero1, tp or hybrid (default auto)"),
     ("--schedule", "schedule", str, "pipeline schedule: gpipe, 1f1b, interleaved or zb-h1"),
     ("--microbatches", "microbatches", int, "pipeline micro-batches per step (default 2 x stage)"),
+    ("--residuals", "residuals", str, "pipeline backward: recompute (default) or stash"),
     ("--axis-types", "axis_types", str, "mesh axis types: auto or explicit (default auto)"),
     ("--devices", "devices", int, "devices to use; on CPU, simulated devices (default 8)"),
     ("--seed", "seed", int, "initialisation and data seed (default 0)"),

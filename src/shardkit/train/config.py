@@ -51,6 +51,7 @@ class TrainConfig:
     devices: int = 8  # simulated CPU devices when running on CPU
     schedule: str | None = None  # pipeline schedule (mesh axis "stage"); None = fused 1F1B
     microbatches: int | None = None  # pipeline micro-batches; None = 2 x stage
+    residuals: str | None = None  # pipeline backward: "recompute" (None) or "stash"
     # optimisation
     steps: int = 300
     batch: int = 64

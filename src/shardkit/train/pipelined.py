@@ -114,6 +114,7 @@ def pipeline_loss_and_grads(trainer, params: Any, batch: dict) -> tuple[jax.Arra
         schedule=pipe.schedule,
         microbatches=pipe.microbatches,
         data_axes=trainer.strategy.batch_axes(trainer.mesh),
+        residuals=pipe.residuals,
     )
     loss, (g_stages, g_last, g_xs) = run(stages, last, xs, target)
     (g_front,) = first_vjp(g_xs.astype(xs.dtype))

@@ -77,7 +77,11 @@ def build_trainer(cfg: TrainConfig, devices=None):
         0.0, cfg.lr, warmup, max(cfg.steps, warmup + 1), cfg.lr / 10
     )
     strategy = from_name(
-        cfg.strategy, mesh=cfg.mesh, schedule=cfg.schedule, microbatches=cfg.microbatches
+        cfg.strategy,
+        mesh=cfg.mesh,
+        schedule=cfg.schedule,
+        microbatches=cfg.microbatches,
+        residuals=cfg.residuals,
     )
     trainer = Trainer(
         lambda key: GPT(model_cfg, rngs=nnx.Rngs(key)),
