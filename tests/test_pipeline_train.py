@@ -6,6 +6,7 @@ micro-batch terms in another order).
 """
 
 import json
+import re
 
 import jax
 import numpy as np
@@ -19,6 +20,7 @@ from shardkit.models import GPT, GPTConfig, lm_loss
 from shardkit.strategies import DataParallel, Hybrid, Pipeline, from_name
 from shardkit.train import Checkpointer, ReverseTask, Trainer
 from shardkit.train.config import load
+from shardkit.train.pipeline_view import pipeline_rows
 from shardkit.train.run import build_trainer
 
 TASK = ReverseTask(digits=7, length=4)  # vocab 8, sequences of 8 tokens
@@ -54,6 +56,19 @@ def test_pipeline_degree_mesh_specs_and_collectives():
     three_d = from_name("hybrid", mesh={"data": 2, "tensor": 2, "stage": 2})
     assert three_d.mesh_axes(8) == {"stage": 2, "data": 2, "tensor": 2}
     assert three_d.pipeline.schedule.name == "1f1b" and three_d.pipeline.microbatches == 4
+
+
+@pytest.mark.parametrize(
+    "schedule, p, m, formula",
+    [("gpipe", 4, 8, 3 / 11), ("1f1b", 4, 4, 3 / 7), ("interleaved", 4, 8, 3 / 19),
+     ("zb-h1", 4, 8, None)],
+)  # fmt: skip
+def test_report_bubble_of_the_executed_table_matches_the_simulator(schedule, p, m, formula):
+    rows = pipeline_rows(Pipeline(stages=p, schedule=schedule, microbatches=m))
+    executed, simulated, *closed = map(float, re.findall(r"\d\.\d{3}", rows["bubble"]))
+    assert executed == simulated
+    assert closed == ([] if formula is None else [round(formula, 3)])
+    assert executed == round(formula, 3) if formula else executed < 3 / 11  # ZB-H1 < 1F1B
 
 
 @pytest.fixture(scope="module")
