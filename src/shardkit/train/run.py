@@ -289,7 +289,7 @@ def train(cfg: TrainConfig, *, console: Any = None, quiet: bool = False) -> RunR
                 bar.update(
                     done,
                     loss=m["loss"],
-                    acc=m.get("accuracy", float("nan")),
+                    **({"acc": m["accuracy"]} if "accuracy" in m else {}),  # none when pipelined
                     **{"tok/s": tokens_per_step / dt},
                 )
     ckpt.save(state, meta=meta, force=int(jax.device_get(state.step)) not in ckpt.all_steps())
