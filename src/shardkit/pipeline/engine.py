@@ -379,79 +379,70 @@ def _table_body(stage_fn, last_fn, plan: sl.Plan, *, stage_axis, v, input_grad):
 
         def branches_for(lane):
             kinds = sorted(has[lane] - {IDLE})
-            outs = {"loss"}
+            outs = {"loss"}  # what this lane's branches return
             if F in kinds:
                 outs |= {"y"} | ({"res", "lres"} if stash else set())
-            if kinds and set(kinds) & {B, BI}:
+            if set(kinds) & {B, BI}:
                 outs.add("gx")
             if set(kinds) & {B, W}:
                 outs |= {"grads", "glast"}
 
-            def finish(got, c, grads, glast):
-                full = {
-                    "loss": jnp.zeros((), jnp.float32),
-                    "y": zeros(x0),
-                    "gx": zeros(x0),
-                    "res": zeros(mid.proto) if stash else None,
-                    "lres": zeros(end.proto) if stash else None,
-                    "grads": grads,
-                    "glast": glast,
-                }
-                if "dp" in got:
-                    if v == 1:
-                        full["grads"] = jax.tree.map(
-                            jnp.add, grads, jax.tree.map(lambda a: a[None], got.pop("dp"))
-                        )
-                    else:
-                        full["grads"] = jax.tree.map(
-                            lambda g, u: lax.dynamic_update_index_in_dim(
-                                g, lax.dynamic_index_in_dim(g, c, 0) + u[None], c, 0
-                            ),
-                            grads,
-                            got.pop("dp"),
-                        )
-                if "dlp" in got:
-                    full["glast"] = jax.tree.map(jnp.add, glast, got.pop("dlp"))
-                full.update(got)
-                return vary({k: full[k] for k in sorted(outs)})
-
             def op(kind, last):
+                # Slots are read inside the branch (only the branch that runs reads them);
+                # new residuals go out and into their slot after the switch.
                 def run(operands):
-                    pc, x, g, res, lres, t, c, grads, glast = operands
-                    got: dict[str, Any] = {}
+                    idx, state, (xs, ts, xbuf, gbuf, rbuf, lbuf, sp) = operands
+                    i, c, xr, gr, rr, rw, lr, lw = idx
+                    out = {
+                        "loss": jnp.zeros((), jnp.float32),
+                        "y": zeros(x0),
+                        "gx": zeros(x0),
+                        "res": zeros(mid.proto) if stash else None,
+                        "lres": zeros(end.proto) if stash else None,
+                        **state,
+                    }
                     if kind == IDLE:
-                        pass
-                    elif kind == F:
+                        return vary({k: out[k] for k in sorted(outs)})
+                    pc = _index(sp, c) if v > 1 else jax.tree.map(lambda a: a[0], sp)
+                    first = (d == 0) & (c == 0)
+                    x = jax.tree.map(
+                        lambda a, b: jnp.where(first, a, b), _index(xs, i), _index(xbuf, xr)
+                    )
+                    dp = dlp = None
+                    if kind == F:
                         if stash and last:
-                            loss, got["lres"] = end.forward(pc, lp, x, t)
-                            got["loss"] = loss.astype(jnp.float32) / m
+                            loss, res = end.forward(pc, lp, x, _index(ts, i))
+                            out["lres"] = res
+                            out["loss"] = loss.astype(jnp.float32) / m
                         elif stash:
-                            got["y"], got["res"] = mid.forward(pc, x)
+                            out["y"], res = mid.forward(pc, x)
+                            out["res"] = res
                         elif not last:
-                            got["y"] = stage_fn(pc, x)
+                            out["y"] = stage_fn(pc, x)
                     elif last:
+                        t = _index(ts, i)
                         if stash:
-                            fn = end.vjp(lres, pc, lp, x, t)
+                            fn = end.vjp(_index(lbuf, lr), pc, lp, x, t)
                         else:
                             loss, fn = jax.vjp(lambda a, b, c: last_fn4(a, b, c, t), pc, lp, x)
                             if kind in (B, BI):
-                                got["loss"] = loss.astype(jnp.float32) / m
+                                out["loss"] = loss.astype(jnp.float32) / m
                         dp, dlp, dx = fn(vary(jnp.asarray(1.0 / m, loss_dtype)))[:3]
                         if kind in (B, BI):
-                            got["gx"] = dx
-                        if kind in (B, W):
-                            got["dp"], got["dlp"] = dp, dlp
+                            out["gx"] = dx
                     else:
                         if stash:
-                            fn = mid.vjp(res, pc, x)
+                            fn = mid.vjp(_index(rbuf, rr), pc, x)
                         else:
                             _, fn = jax.vjp(stage_fn, pc, x)
-                        dp, dx = fn(g)
+                        dp, dx = fn(_index(gbuf, gr))
                         if kind in (B, BI):
-                            got["gx"] = dx
-                        if kind in (B, W):
-                            got["dp"] = dp
-                    return finish(got, c, grads, glast)
+                            out["gx"] = dx
+                    if kind in (B, W):
+                        out["grads"] = _accumulate(state["grads"], dp, c, v)
+                        if dlp is not None:
+                            out["glast"] = jax.tree.map(jnp.add, state["glast"], dlp)
+                    return vary({k: out[k] for k in sorted(outs)})
 
                 return run
 
@@ -480,27 +471,19 @@ def _table_body(stage_fn, last_fn, plan: sl.Plan, *, stage_axis, v, input_grad):
             for lane in range(L):
                 fns, base, outs = lanes[lane]
                 col = lambda j, lane=lane: row[lane * sl.LANE_COLS + j]  # noqa: E731
-                k, i, c = col(sl.KIND), col(sl.MB), col(sl.CHUNK)
-                first = (d == 0) & (c == 0)
-                x = jax.tree.map(
-                    lambda a, b, f=first: jnp.where(f, a, b),
-                    _index(xs, i),
-                    _index(xbuf, col(sl.XR)),
-                )
-                g = _index(gbuf, col(sl.GR))
-                res = _index(rbuf, col(sl.RR)) if stash else None
-                lres = _index(lbuf, col(sl.LR)) if stash else None
-                t = _index(ts, i)
-                pc = _index(sp, c)
+                k, c = col(sl.KIND), col(sl.CHUNK)
+                idx = tuple(col(j) for j in (sl.MB, sl.CHUNK, sl.XR, sl.GR, sl.RR, sl.RW,
+                                             sl.LR, sl.LW))  # fmt: skip
+                state = {"grads": grads, "glast": glast}
+                state = {key: val for key, val in state.items() if key in outs}
                 is_last = (d == p - 1) & (c == v - 1)
                 branch = jnp.where(k == IDLE, 0, base[k] + is_last.astype(jnp.int32))
-                got = lax.switch(branch, fns, (pc, x, g, res, lres, t, c, grads, glast))
+                got = lax.switch(branch, fns, (idx, state, (xs, ts, xbuf, gbuf, rbuf, lbuf, sp)))
                 loss = loss + got["loss"]
-                if "grads" in got:
-                    grads, glast = got["grads"], got["glast"]
-                if stash and "res" in got:
+                if "res" in got:
                     rbuf = _put(rbuf, col(sl.RW), got["res"])
                     lbuf = _put(lbuf, col(sl.LW), got["lres"])
+                grads, glast = got.get("grads", grads), got.get("glast", glast)
                 if "gx" in got and input_grad:
                     j = col(sl.GXI)
                     keep = j < m
@@ -527,6 +510,15 @@ def _table_body(stage_fn, last_fn, plan: sl.Plan, *, stage_axis, v, input_grad):
         return loss, grads, glast, gxs
 
     return body
+
+
+def _accumulate(grads: Any, dp: Any, c: Any, v: int) -> Any:
+    """``grads[c] += dp`` for the ``[v, ...]`` gradient accumulator."""
+    if v == 1:
+        return jax.tree.map(lambda g, u: g + u[None], grads, dp)
+    return jax.tree.map(
+        lambda g, u: lax.dynamic_update_index_in_dim(g, _index(g, c) + u, c, 0), grads, dp
+    )
 
 
 def _pick(values, lane):
