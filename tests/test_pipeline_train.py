@@ -109,7 +109,7 @@ def test_shardkit_train_pipeline_and_checkpoint_across_stage_counts(tmp_path, ca
     code = main(
         ["train", "--strategy", "hybrid", "--mesh", "data=2,stage=4", "--schedule", "1f1b",
          "--microbatches", "4", "--residuals", "stash", "--steps", "6", "--lr", "0.03",
-         "--batch", "16", "--log-every", "1", "--save-every", "3", "--out", str(out), *TINY]
+         "--batch", "16", "--log-every", "1", "--save-every", "6", "--out", str(out), *TINY]
     )  # fmt: skip
     assert code == 0  # the audit found the strategy's collectives, collective-permute included
     text = " ".join(capsys.readouterr().out.split())  # rich wraps long lines
