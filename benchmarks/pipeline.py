@@ -6,8 +6,9 @@ and with stashed residuals) one compiled program runs the same model (p * v resi
 stages, a mean-squared-error head) in interleaved rounds, so drift in machine load hits all of
 them alike. Printed per row:
 
-  step      median step time over rounds and its ratio to the non-pipelined step (the
-            sequential reference on one device) and to GPipe by autodiff;
+  step      median step time over rounds, and the median over rounds of its ratio to the
+            non-pipelined step (the sequential reference on one device) and to GPipe by
+            autodiff timed in the same round (so drift in machine load cancels);
   temp      per-device temporaries from ``memory_analysis()`` (``input_grad=False``: the
             m-sized input cotangent is left out, so the row shows the schedule's own memory);
   steps     lockstep steps the program scans over;
@@ -143,17 +144,21 @@ def main():
                 jax.block_until_ready(compiled(*a))
                 times[k].append(time.perf_counter() - t0)
         med = {k: statistics.median(v) for k, v in times.items()}
-        base, ad = med["reference (1 device)"], med["gpipe autodiff"]
+        ref_k, ad_k = "reference (1 device)", "gpipe autodiff"
+
+        def ratio(k, base, times=times):  # median of per-round ratios: load drift cancels
+            return statistics.median(a / b for a, b in zip(times[k], times[base], strict=True))
+
         print(f"\nm = {m}")
         print(f"{'schedule':<26}{'step ms':>9}{'/ref':>7}{'/AD':>7}{'temp MiB':>10}"
               f"{'steps':>7}{'sim bubble':>12}{'table idle':>12}")  # fmt: skip
         for k, (_, _, temp, steps, sched) in runs.items():
+            head = f"{k:<26}{med[k] * 1e3:>9.1f}{ratio(k, ref_k):>7.2f}{ratio(k, ad_k):>7.2f}"
             if temp is None:
-                print(f"{k:<26}{med[k] * 1e3:>9.1f}{1.0:>7.2f}{base / ad:>7.2f}")
+                print(head)
                 continue
             sim, idle = bubbles(sched, m)
-            print(f"{k:<26}{med[k] * 1e3:>9.1f}{med[k] / base:>7.2f}{med[k] / ad:>7.2f}"
-                  f"{temp / 2**20:>10.2f}{steps:>7}{sim:>12.3f}{idle:>12.3f}")  # fmt: skip
+            print(f"{head}{temp / 2**20:>10.2f}{steps:>7}{sim:>12.3f}{idle:>12.3f}")
 
 
 if __name__ == "__main__":
