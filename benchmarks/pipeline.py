@@ -2,9 +2,9 @@
 
 For each micro-batch count m and each schedule (GPipe by autodiff, with and without remat; the
 GPipe table; fused and plain 1F1B; interleaved v=2; ZB-H1; each table schedule with recomputed
-and with stashed residuals) one compiled program runs the same model (p * v residual-MLP
-stages, a mean-squared-error head) in interleaved rounds, so drift in machine load hits all of
-them alike. Printed per row:
+and with stashed residuals) one compiled program runs the same model (8 residual-MLP blocks
+cut into p * v stages, a mean-squared-error head) in interleaved rounds, so drift in machine
+load hits all of them alike. Printed per row:
 
   step      median step time over rounds, and the median over rounds of its ratio to the
             non-pipelined step (the sequential reference on one device) and to GPipe by
@@ -51,9 +51,16 @@ from shardkit.pipeline import (  # noqa: E402
 P_STAGES = 4
 
 
+LAYERS = 8  # every schedule runs the same 8 blocks: 2 per stage, or 1 per interleaved chunk
+
+
 def stage_fn(w, x):
-    """A residual MLP block: x + gelu(x @ w1) @ w2."""
-    return x + jax.nn.gelu(x @ w["w1"]) @ w["w2"]
+    """The stage's residual MLP blocks x + gelu(x @ w1) @ w2, scanned over its layers."""
+
+    def block(h, wl):
+        return h + jax.nn.gelu(h @ wl["w1"]) @ wl["w2"], None
+
+    return jax.lax.scan(block, x, w)[0]
 
 
 def last_fn(_, y, t):
@@ -61,12 +68,13 @@ def last_fn(_, y, t):
 
 
 def params(rng, S, D):
-    """Stacked weights of S stages."""
+    """Weights of LAYERS blocks as S stages of LAYERS // S blocks: [S, LAYERS // S, ...]."""
 
     def normal(*shape):
-        return jnp.asarray(rng.standard_normal(shape) / np.sqrt(shape[1]), jnp.float32)
+        w = rng.standard_normal((LAYERS, *shape)) / np.sqrt(shape[0])
+        return jnp.asarray(w.reshape(S, LAYERS // S, *shape), jnp.float32)
 
-    return {"w1": normal(S, D, 2 * D), "w2": normal(S, 2 * D, D)}
+    return {"w1": normal(D, 2 * D), "w2": normal(2 * D, D)}
 
 
 def configs():
@@ -111,7 +119,7 @@ def main():
     args = ap.parse_args()
     p, D, MB = P_STAGES, args.width, args.batch
     mesh = jax.make_mesh((p,), ("stage",), axis_types=(jax.sharding.AxisType.Auto,))
-    print(f"p={p}, D={D}, hidden={2 * D}, micro-batch={MB}, rounds={args.rounds}, "
+    print(f"p={p}, {LAYERS} blocks, D={D}, hidden={2 * D}, micro-batch={MB}, rounds={args.rounds}, "
           f"{jax.device_count()} simulated CPU devices")  # fmt: skip
     for m in args.micro:
         rng = np.random.default_rng(0)
