@@ -183,6 +183,20 @@ def test_stash_every_residual_matches_reference_and_costs_more_memory():
     assert temp[1] < 0.8 * temp[0], temp  # gelu's elementwise residuals are recomputed
 
 
+def test_input_grad_false_and_no_recompile():
+    """input_grad=False returns g_xs=None with the same loss and gradients; a second call with
+    new values reuses the compiled program."""
+    mesh = jax.make_mesh((2,), ("stage",), axis_types=(EXPLICIT,), devices=jax.devices()[:2])
+    f = jax.jit(engine((OneFOneB(), STASH), mesh, 4, input_grad=False))
+    w, head, xs, ts = make(2, 4)
+    w = jax.tree.map(lambda a: jax.device_put(a, NamedSharding(mesh, P("stage"))), w)
+    loss, (gw, ghead, gxs) = f(w, head, xs, ts)
+    assert gxs is None
+    assert_close((loss, (gw, ghead)), (reference(2, 4)[0], reference(2, 4)[1][:2]))
+    f(w, head, 2 * xs, ts)
+    assert f._cache_size() == 1
+
+
 def _audit(compiled):
     """The report and the executions of collective-permutes inside loops (the schedule's)."""
     report = shardkit.inspect(compiled)

@@ -38,93 +38,21 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
-from jax.extend.core import Literal
-from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from shardkit.pipeline import slots as sl
+from shardkit.pipeline import spmd
+from shardkit.pipeline.residuals import Residuals
 from shardkit.pipeline.schedule import BI, IDLE, B, F, GPipe, W, table
 
 RESIDUALS = ("recompute", "stash")
 
 
-# --------------------------------------------------------------------------- helpers
-
-
-def _vary(tree: Any, axes: Sequence[str]) -> Any:
-    """pcast every leaf to varying over ``axes`` (those it is not varying over yet)."""
-
-    def one(a):
-        have = jax.typeof(a).manual_axis_type.varying
-        missing = tuple(ax for ax in axes if ax not in have)
-        return lax.pcast(a, missing, to="varying") if missing else a
-
-    return jax.tree.map(one, tree)
-
-
-def _reduce(tree: Any, op: Callable, axes: Sequence[str]) -> Any:
-    """Reduces all leaves of ``tree`` over ``axes`` in one (tuple) collective.
-
-    The leaves go to one ``psum``/``pmean`` together rather than concatenated, so leaves that
-    the compiler shards over other mesh axes (e.g. 'tensor') keep their layout.
-    """
-    leaves, treedef = jax.tree.flatten(tree)
-    if not leaves or not axes:
-        return tree
-    return jax.tree.unflatten(treedef, op(leaves, tuple(axes)))
-
-
-def _index(tree: Any, i: Any) -> Any:
-    return jax.tree.map(lambda a: lax.dynamic_index_in_dim(a, i, 0, keepdims=False), tree)
-
-
-def _put(tree: Any, i: Any, val: Any) -> Any:
-    return jax.tree.map(lambda a, b: lax.dynamic_update_index_in_dim(a, b, i, 0), tree, val)
-
-
-def _slots(proto: Any, n: int) -> Any:
-    """A buffer of ``n`` slots shaped like ``proto`` (zeros, same sharding and vma)."""
-    return jax.tree.map(lambda a: jnp.broadcast_to(jnp.zeros_like(a), (n, *a.shape)), proto)
+# --------------------------------------------------------------------------- validation
 
 
 def _path(kp) -> str:
     return jax.tree_util.keystr(kp)
-
-
-def _explicit(mesh) -> bool:
-    return any(t == AxisType.Explicit for t in getattr(mesh, "axis_types", ()))
-
-
-def _spec_without(x: Any, axes: Sequence[str]) -> tuple:
-    """The Explicit-mesh spec of ``x``, one entry per dim, with mesh axes ``axes`` removed."""
-    cur = tuple(jax.typeof(x).sharding.spec)
-    cur += (None,) * (x.ndim - len(cur))
-    out = []
-    for entry in cur:
-        names = entry if isinstance(entry, tuple) else (entry,)
-        keep = tuple(n for n in names if n is not None and n not in axes)
-        out.append(keep[0] if len(keep) == 1 else (keep or None))
-    return tuple(out)
-
-
-def _place(x: Any, mesh, manual: dict[int, Any], manual_axes: Sequence[str]) -> Any:
-    """On an Explicit mesh, reshard ``x`` so its manual mesh axes sit where shard_map expects.
-
-    ``manual`` maps array dim -> the manual spec entry; other dims keep their own sharding
-    minus the manual axes. On an Auto mesh nothing is needed.
-    """
-    if not _explicit(mesh):
-        return x
-    cur = tuple(jax.typeof(x).sharding.spec)
-    cur += (None,) * (x.ndim - len(cur))
-    new = [manual.get(dim, e) for dim, e in enumerate(_spec_without(x, manual_axes))]
-    spec = P(*new)
-    if tuple(spec) == cur:
-        return x
-    return jax.sharding.reshard(x, NamedSharding(mesh, spec))
-
-
-# --------------------------------------------------------------------------- validation
 
 
 def _axes(mesh, stage_axis: str, data_axes: Sequence[str]) -> tuple[int, int]:
@@ -198,55 +126,6 @@ def _check_inputs(
         )
 
 
-# --------------------------------------------------------------------------- residuals
-
-
-def _dependent_leaves(fn: Callable, args: tuple, live: Sequence[int]) -> list[bool]:
-    """For each residual leaf of ``jax.vjp(fn, *args)``: does it depend on ``args[live]``?"""
-
-    def res(*a):
-        return jax.tree.leaves(jax.vjp(fn, *a)[1])
-
-    closed = jax.make_jaxpr(res)(*args)
-    jaxpr = closed.jaxpr
-    flat_in = [jax.tree.leaves(a) for a in args]
-    starts = np.cumsum([0] + [len(f) for f in flat_in])
-    dep = set()
-    for j in live:
-        dep.update(id(v) for v in jaxpr.invars[starts[j] : starts[j + 1]])
-    for eqn in jaxpr.eqns:
-        if any(id(v) in dep for v in eqn.invars if not isinstance(v, Literal)):
-            dep.update(id(v) for v in eqn.outvars)
-    return [not isinstance(v, Literal) and id(v) in dep for v in jaxpr.outvars]
-
-
-class _Residuals:
-    """Stashes the micro-batch-dependent vjp residuals of a function, rebuilds its vjp later."""
-
-    def __init__(self, fn: Callable, args: tuple, live: Sequence[int], policy: Callable | None):
-        if policy is not None:  # keep what the policy saves, recompute the rest in the backward
-            fn = jax.checkpoint(fn, policy=policy)
-        self.fn, self.live = fn, tuple(live)
-        self.mask = _dependent_leaves(fn, args, live)
-        _, vjp = jax.vjp(fn, *args)
-        self.proto = [a for a, k in zip(jax.tree.leaves(vjp), self.mask) if k]
-
-    def forward(self, *args):
-        out, vjp = jax.vjp(self.fn, *args)
-        return out, [a for a, k in zip(jax.tree.leaves(vjp), self.mask) if k]
-
-    def vjp(self, stashed, *args):
-        """The vjp function at ``args`` whose live arguments are only placeholders."""
-        args = tuple(
-            jax.tree.map(jnp.zeros_like, a) if j in self.live else a for j, a in enumerate(args)
-        )
-        _, fresh = jax.vjp(self.fn, *args)
-        leaves, treedef = jax.tree.flatten(fresh)
-        it = iter(stashed)
-        leaves = [next(it) if k else a for a, k in zip(leaves, self.mask)]
-        return jax.tree.unflatten(treedef, leaves)
-
-
 # --------------------------------------------------------------------------- the executor
 
 
@@ -281,22 +160,22 @@ def _spmd(
     dspec = tuple(data_axes) if len(data_axes) > 1 else (data_axes[0] if data_axes else None)
     n_data = math.prod(dict(mesh.shape)[a] for a in data_axes)
 
-    sp = jax.tree.map(lambda a: _place(a, mesh, {0: stage_axis}, manual), stage_params)
-    lp = jax.tree.map(lambda a: _place(a, mesh, {}, manual), last_params)
+    sp = jax.tree.map(lambda a: spmd.place(a, mesh, {0: stage_axis}, manual), stage_params)
+    lp = jax.tree.map(lambda a: spmd.place(a, mesh, {}, manual), last_params)
     xs_, ts_ = (
-        jax.tree.map(lambda a: _place(a, mesh, {0: None, 1: dspec}, manual), t)
+        jax.tree.map(lambda a: spmd.place(a, mesh, {0: None, 1: dspec}, manual), t)
         for t in (xs, targets)
     )
 
     def local(sp, lp, xs, ts):
-        sp = _vary(_regroup(sp, p, v, stage_axis, to_chunks=True), manual)  # [v, ...]
-        lp, xs, ts = _vary((lp, xs, ts), manual)
+        sp = spmd.vary(spmd.regroup(sp, p, v, stage_axis, to_chunks=True), manual)  # [v, ...]
+        lp, xs, ts = spmd.vary((lp, xs, ts), manual)
         loss, gsp, glp, gxs = body(sp, lp, xs, ts)
         if data_axes:
             gxs = jax.tree.map(lambda g: g / n_data, gxs)
-            gsp, glp, loss = _reduce((gsp, glp, loss), lax.pmean, data_axes)
-        glp, loss, gxs = _reduce((glp, loss, gxs), lax.psum, (stage_axis,))
-        return loss, _regroup(gsp, p, v, stage_axis, to_chunks=False), glp, gxs
+            gsp, glp, loss = spmd.reduce((gsp, glp, loss), lax.pmean, data_axes)
+        glp, loss, gxs = spmd.reduce((glp, loss, gxs), lax.psum, (stage_axis,))
+        return loss, spmd.regroup(gsp, p, v, stage_axis, to_chunks=False), glp, gxs
 
     xspec = P(None, dspec)
     sspec = P(stage_axis)
@@ -309,42 +188,6 @@ def _spmd(
     )
     loss, gsp, glp, gxs = f(sp, lp, xs_, ts_)
     return loss, (gsp, glp, gxs)
-
-
-def _regroup(tree: Any, p: int, v: int, stage_axis: str, *, to_chunks: bool) -> Any:
-    """Moves stage parameters between the block layout and the chunk layout (inside shard_map).
-
-    Block layout (how ``P('stage')`` splits the ``p*v`` model stages): device ``a`` holds
-    stages ``a*v .. a*v+v-1``. Chunk layout (what the schedules run): device ``d`` holds
-    stages ``c*p + d`` for chunks ``c = 0 .. v-1``. For each (chunk ``c``, block slot ``b``)
-    the devices that exchange form a partial permutation, so ``v**2`` ppermutes of one stage
-    each move every stage once, with no all-gather. With ``v = 1`` both layouts agree.
-    """
-    if v == 1:
-        return tree
-    moves = []  # (c, b, [(block device, chunk device)])
-    for c in range(v):
-        for b in range(v):
-            pairs = [((c * p + d) // v, d) for d in range(p) if (c * p + d) % v == b]
-            if pairs:
-                moves.append((c, b, pairs))
-
-    def move(x, pairs):
-        if all(src == dst for src, dst in pairs):  # stays on its device: no collective
-            here = jnp.isin(lax.axis_index(stage_axis), jnp.array([src for src, _ in pairs]))
-            return jnp.where(here, x, jnp.zeros_like(x))
-        return lax.ppermute(x, stage_axis, pairs)
-
-    def one(a):  # a: [v, ...] local
-        out = [jnp.zeros_like(a[0]) for _ in range(v)]
-        for c, b, pairs in moves:
-            if to_chunks:
-                out[c] = out[c] + move(a[b], pairs)
-            else:
-                out[b] = out[b] + move(a[c], [(d, s) for s, d in pairs])
-        return jnp.stack(out)
-
-    return jax.tree.map(one, tree)
 
 
 def _last(stage_fn, last_fn):
@@ -366,15 +209,15 @@ def _table_body(stage_fn, last_fn, plan: sl.Plan, *, stage_axis, v, input_grad, 
 
     def body(sp, lp, xs, ts):
         d = lax.axis_index(stage_axis)
-        vary = lambda t: _vary(t, jax.typeof(xs).manual_axis_type.varying)  # noqa: E731
-        x0, t0 = _index(xs, 0), _index(ts, 0)
-        p0 = _index(sp, 0)
+        vary = lambda t: spmd.vary(t, jax.typeof(xs).manual_axis_type.varying)  # noqa: E731
+        x0, t0 = spmd.index(xs, 0), spmd.index(ts, 0)
+        p0 = spmd.index(sp, 0)
         loss_dtype = jax.eval_shape(last_fn4, p0, lp, x0, t0).dtype
         has = [set(k) for k in plan.lane_kinds]
         grad_lanes = any(has[lane] & {B, W} for lane in range(L))
         if stash:
-            mid = _Residuals(stage_fn, (p0, x0), live=(1,), policy=stash_policy)
-            end = _Residuals(last_fn4, (p0, lp, x0, t0), live=(2, 3), policy=stash_policy)
+            mid = Residuals(stage_fn, (p0, x0), live=(1,), policy=stash_policy)
+            end = Residuals(last_fn4, (p0, lp, x0, t0), live=(2, 3), policy=stash_policy)
 
         def zeros(a):
             return jax.tree.map(jnp.zeros_like, a)
@@ -405,15 +248,15 @@ def _table_body(stage_fn, last_fn, plan: sl.Plan, *, stage_axis, v, input_grad, 
                     }
                     if kind == IDLE:
                         return vary({k: out[k] for k in sorted(outs)})
-                    pc = _index(sp, c) if v > 1 else jax.tree.map(lambda a: a[0], sp)
+                    pc = spmd.index(sp, c) if v > 1 else jax.tree.map(lambda a: a[0], sp)
                     first = (d == 0) & (c == 0)
                     x = jax.tree.map(
-                        lambda a, b: jnp.where(first, a, b), _index(xs, i), _index(xbuf, xr)
+                        lambda a, b: jnp.where(first, a, b), spmd.index(xs, i), spmd.index(xbuf, xr)
                     )
                     dp = dlp = None
                     if kind == F:
                         if stash and last:
-                            loss, res = end.forward(pc, lp, x, _index(ts, i))
+                            loss, res = end.forward(pc, lp, x, spmd.index(ts, i))
                             out["lres"] = res
                             out["loss"] = loss.astype(jnp.float32) / m
                         elif stash:
@@ -422,9 +265,9 @@ def _table_body(stage_fn, last_fn, plan: sl.Plan, *, stage_axis, v, input_grad, 
                         elif not last:
                             out["y"] = stage_fn(pc, x)
                     elif last:
-                        t = _index(ts, i)
+                        t = spmd.index(ts, i)
                         if stash:
-                            fn = end.vjp(_index(lbuf, lr), pc, lp, x, t)
+                            fn = end.vjp(spmd.index(lbuf, lr), pc, lp, x, t)
                         else:
                             loss, fn = jax.vjp(lambda a, b, c: last_fn4(a, b, c, t), pc, lp, x)
                             if kind in (B, BI):
@@ -434,10 +277,10 @@ def _table_body(stage_fn, last_fn, plan: sl.Plan, *, stage_axis, v, input_grad, 
                             out["gx"] = dx
                     else:
                         if stash:
-                            fn = mid.vjp(_index(rbuf, rr), pc, x)
+                            fn = mid.vjp(spmd.index(rbuf, rr), pc, x)
                         else:
                             _, fn = jax.vjp(stage_fn, pc, x)
-                        dp, dx = fn(_index(gbuf, gr))
+                        dp, dx = fn(spmd.index(gbuf, gr))
                         if kind in (B, BI):
                             out["gx"] = dx
                     if kind in (B, W):
@@ -456,11 +299,11 @@ def _table_body(stage_fn, last_fn, plan: sl.Plan, *, stage_axis, v, input_grad, 
 
         lanes = [branches_for(lane) for lane in range(L)]
 
-        xbuf = _slots(x0, plan.x_slots + 1)
-        gbuf = _slots(x0, plan.g_slots + 1)
-        rbuf = _slots(mid.proto, plan.res_slots + 1) if stash else None
-        lbuf = _slots(end.proto, plan.last_slots + 1) if stash else None
-        gxs = _slots(x0, m) if input_grad else None  # the output itself: no trash slot
+        xbuf = spmd.buffer(x0, plan.x_slots + 1)
+        gbuf = spmd.buffer(x0, plan.g_slots + 1)
+        rbuf = spmd.buffer(mid.proto, plan.res_slots + 1) if stash else None
+        lbuf = spmd.buffer(end.proto, plan.last_slots + 1) if stash else None
+        gxs = spmd.buffer(x0, m) if input_grad else None  # the output itself: no trash slot
         grads = zeros(sp) if grad_lanes else None
         glast = zeros(lp) if grad_lanes else None
         loss = vary(jnp.zeros((), jnp.float32))
@@ -483,27 +326,27 @@ def _table_body(stage_fn, last_fn, plan: sl.Plan, *, stage_axis, v, input_grad, 
                 got = lax.switch(branch, fns, (idx, state, (xs, ts, xbuf, gbuf, rbuf, lbuf, sp)))
                 loss = loss + got["loss"]
                 if "res" in got:
-                    rbuf = _put(rbuf, col(sl.RW), got["res"])
-                    lbuf = _put(lbuf, col(sl.LW), got["lres"])
+                    rbuf = spmd.put(rbuf, col(sl.RW), got["res"])
+                    lbuf = spmd.put(lbuf, col(sl.LW), got["lres"])
                 grads, glast = got.get("grads", grads), got.get("glast", glast)
                 if "gx" in got and input_grad:
                     j = col(sl.GXI)
                     keep = j < m
                     j = jnp.minimum(j, m - 1)
                     new = jax.tree.map(
-                        lambda a, b, keep=keep: jnp.where(keep, a, b), got["gx"], _index(gxs, j)
+                        lambda a, b, keep=keep: jnp.where(keep, a, b), got["gx"], spmd.index(gxs, j)
                     )
-                    gxs = _put(gxs, j, new)
+                    gxs = spmd.put(gxs, j, new)
                 ys.append(got.get("y"))
                 gs.append(got.get("gx"))
             y = _pick(ys, row[tail + sl.FLANE])
             gy = _pick(gs, row[tail + sl.BLANE])
             if y is not None:
                 y = jax.tree.map(lambda a: lax.ppermute(a, stage_axis, fwd_perm), y)
-                xbuf = _put(xbuf, row[tail + sl.RX], y)
+                xbuf = spmd.put(xbuf, row[tail + sl.RX], y)
             if gy is not None:
                 gy = jax.tree.map(lambda a: lax.ppermute(a, stage_axis, bwd_perm), gy)
-                gbuf = _put(gbuf, row[tail + sl.RG], gy)
+                gbuf = spmd.put(gbuf, row[tail + sl.RG], gy)
             return (xbuf, gbuf, rbuf, lbuf, gxs, grads, glast, loss), None
 
         carry = (xbuf, gbuf, rbuf, lbuf, gxs, grads, glast, loss)
@@ -519,7 +362,7 @@ def _accumulate(grads: Any, dp: Any, c: Any, v: int) -> Any:
     if v == 1:
         return jax.tree.map(lambda g, u: g + u[None], grads, dp)
     return jax.tree.map(
-        lambda g, u: lax.dynamic_update_index_in_dim(g, _index(g, c) + u, c, 0), grads, dp
+        lambda g, u: lax.dynamic_update_index_in_dim(g, spmd.index(g, c) + u, c, 0), grads, dp
     )
 
 
@@ -543,24 +386,24 @@ def _autodiff_body(stage_fn, last_fn, *, p, m, stage_axis, remat, input_grad):
 
     def forward(sp, lp, xs, ts):
         d = lax.axis_index(stage_axis)
-        pc = _index(sp, 0)
-        axes = jax.typeof(_index(xs, 0)).manual_axis_type.varying
+        pc = spmd.index(sp, 0)
+        axes = jax.typeof(spmd.index(xs, 0)).manual_axis_type.varying
 
         def step(x_recv, t):
-            x_in = _index(xs, jnp.minimum(t, m - 1))
+            x_in = spmd.index(xs, jnp.minimum(t, m - 1))
             x = jax.tree.map(lambda a, b: jnp.where(d == 0, a, b), x_in, x_recv)
             y = fn(pc, x)
             return jax.tree.map(lambda a: lax.ppermute(a, stage_axis, perm), y), y
 
-        x_init = jax.tree.map(jnp.zeros_like, _index(xs, 0))
+        x_init = jax.tree.map(jnp.zeros_like, spmd.index(xs, 0))
         _, ys = lax.scan(step, x_init, jnp.arange(T))
         ys = jax.tree.map(lambda a: a[p - 1 :], ys)  # [m, ...] valid on the last device
 
         def head():
             per_mb = jax.vmap(last_fn, in_axes=(None, 0, 0))(lp, ys, ts)
-            return _vary(jnp.mean(per_mb).astype(jnp.float32), axes)
+            return spmd.vary(jnp.mean(per_mb).astype(jnp.float32), axes)
 
-        return lax.cond(d == p - 1, head, lambda: _vary(jnp.zeros((), jnp.float32), axes))
+        return lax.cond(d == p - 1, head, lambda: spmd.vary(jnp.zeros((), jnp.float32), axes))
 
     def body(sp, lp, xs, ts):
         if not input_grad:
@@ -685,9 +528,22 @@ def gpipe_value_and_grad(
 
     The baseline the table schedules are measured against: ``m + p - 1`` forward steps, one
     activation ``ppermute`` each, and autodiff's reverse scan (which keeps every step's
-    residuals, so memory grows with ``m``; ``remat=True`` keeps only stage inputs).
-    Same arguments and result as :func:`pipeline_value_and_grad` (one stage per device;
-    ``input_grad`` likewise).
+    residuals, so memory grows with ``m``; ``remat=True`` keeps only stage inputs). The
+    gradient is taken inside the ``shard_map``, so data-parallel gradients are averaged once
+    after the loop, as in :func:`pipeline_value_and_grad`.
+
+    Args:
+        stage_fn, last_fn, mesh, microbatches, stage_axis, data_axes, input_grad: as in
+            :func:`pipeline_value_and_grad` (one stage per device: ``stage_params`` leaves
+            have a leading axis of size ``p``).
+        remat: wrap ``stage_fn`` in ``jax.checkpoint``.
+
+    Returns:
+        ``f(stage_params, last_params, xs, targets) -> (loss, (g_stage, g_last, g_xs))``;
+        ``f.steps == m + p - 1``.
+
+    Raises:
+        ValueError: as :func:`pipeline_value_and_grad`.
 
     Example:
         >>> f = gpipe_value_and_grad(stage_fn, last_fn, mesh=mesh, microbatches=8)
@@ -719,7 +575,15 @@ def reference_value_and_grad(stage_fn: Callable, last_fn: Callable) -> Callable:
     """The non-pipelined reference: the same loss and gradients by plain ``jax.value_and_grad``.
 
     Runs the ``S`` stages in model order (a ``lax.scan`` over ``stage_params``' leading axis)
-    on every micro-batch, then ``last_fn``; the loss is the mean over micro-batches.
+    on every micro-batch, then ``last_fn``; the loss is the mean over micro-batches. Meant for
+    tests on one device (pass unsharded arrays).
+
+    Args:
+        stage_fn: ``stage_fn(params_s, x) -> y`` as in :func:`pipeline_value_and_grad`.
+        last_fn: ``last_fn(last_params, y, target) -> scalar``.
+
+    Returns:
+        ``f(stage_params, last_params, xs, targets) -> (loss, (g_stage, g_last, g_xs))``.
 
     Example:
         >>> ref = reference_value_and_grad(stage_fn, last_fn)
