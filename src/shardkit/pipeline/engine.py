@@ -12,12 +12,14 @@ backward residuals of the forward wait in buffer slots chosen by :mod:`.slots`.
 Residuals: ``"recompute"`` runs ``jax.vjp`` again in the backward (only the stage input is
 kept); ``"stash"`` keeps the forward's vjp residuals that depend on the micro-batch and
 recomputes the ones that depend on the parameters alone (the weights themselves, casts of
-them), so no slot ever holds a copy of the weights.
+them), so no slot ever holds a copy of the weights (:mod:`.residuals`); ``stash_policy``
+chooses which residuals are worth keeping (default: matmul outputs).
 
 Gradients over data axes are accumulated per device (the parameters are made varying before
-the loop, so no backward op reduces anything) and averaged once after the loop, in one
-all-reduce per dtype; loss, loss-head gradients and the input cotangent are summed over
-'stage' once at the end.
+the loop, so no backward op reduces anything) and averaged once after the loop, in one tuple
+all-reduce; loss, loss-head gradients and the input cotangent are summed over 'stage' once at
+the end. Stage parameters arrive split over 'stage' in model order; interleaved schedules
+regroup them to their chunks with ``v**2`` ppermutes (:func:`.spmd.regroup`).
 
 Example:
     >>> mesh = jax.make_mesh((4,), ("stage",))

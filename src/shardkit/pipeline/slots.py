@@ -1,6 +1,6 @@
 """Buffer slots for a step table: where each in-flight activation, gradient and residual lives.
 
-The SPMD executor keeps, per device, small ring-free buffers of received activations (``x``),
+The SPMD executor keeps, per device, small buffers of received activations (``x``),
 received output gradients (``g``) and, with ``residuals="stash"``, the backward residuals of
 forwarded micro-batches (``res``; the last model stage has its own pool ``last`` because its
 residuals include the loss head's). Each value occupies a slot from the moment it is written
