@@ -22,5 +22,14 @@ from shardkit.models.gpt import GPTConfig as GPTConfig
 from shardkit.models.gpt import lm_loss as lm_loss
 from shardkit.models.mlp import MLP as MLP
 from shardkit.models.mlp import classification_loss as classification_loss
+from shardkit.models.stages import StagedModel as StagedModel
 
-__all__ = ["GPT", "GPTConfig", "MLP", "classification_loss", "lm_loss", "logical_axes"]
+__all__ = [
+    "GPT",
+    "MLP",
+    "GPTConfig",
+    "StagedModel",
+    "classification_loss",
+    "lm_loss",
+    "logical_axes",
+]

@@ -183,27 +183,90 @@ class GPT(nnx.Module):
                 f"GPT tokens have length {t} > seq_len={self.cfg.seq_len}; "
                 f"fix: build the model with GPTConfig(seq_len={t}) or shorten the batch."
             )
-        table = self.embedding[...]
-        dtype = table.dtype
-        x = table.at[tokens].get(out_sharding=batch_out(tokens, 3))  # (B, T, D)
-        x = x + self.position[...][:t].astype(dtype)
+        x = embed(self.embedding[...], self.position[...], tokens)
         graphdef, stacked = nnx.split(self.blocks)
+        x = run_blocks(graphdef, stacked, x, remat=self.cfg.remat, layout=self.layer_layout)
+        return head_logits(x, self.norm[...], self.head[...])
 
-        layout = self.layer_layout
+    def pipeline_stages(self, n_stages: int):
+        """This model cut into `n_stages` pipeline stages (a `shardkit.models.StagedModel`).
 
-        def body(h, layer_state):
-            if layout is not None:
-                layer_state = layout(layer_state)
-            return nnx.merge(graphdef, layer_state)(h), None
+        The embedding runs in front of the pipeline, each stage scans `n_layers / n_stages`
+        consecutive blocks, and the last part is the final norm, the head and `lm_loss`'s
+        masked cross-entropy of one micro-batch.
 
-        if self.cfg.remat == "block":
-            body = jax.checkpoint(body)
-        elif self.cfg.remat == "dots":
-            body = jax.checkpoint(body, policy=jax.checkpoint_policies.dots_saveable)
-        x, _ = jax.lax.scan(body, x, stacked)
-        x = _norm(x, self.norm[...])
-        logits = jnp.einsum("btd,dv->btv", x, self.head[...].astype(dtype))  # vocab-parallel
-        return logits.astype(jnp.float32)
+        Raises:
+            ValueError: if `n_stages` does not divide `n_layers`.
+        """
+        from shardkit.models.stages import StagedModel
+
+        cfg = self.cfg
+        if n_stages < 1 or cfg.n_layers % n_stages:
+            raise ValueError(
+                f"GPT n_layers={cfg.n_layers} does not split into {n_stages} pipeline stages; "
+                f"fix: use n_layers a multiple of {n_stages} (e.g. --layers "
+                f"{n_stages * max(1, cfg.n_layers // max(n_stages, 1))}) or a stage count "
+                f"from {[d for d in range(1, cfg.n_layers + 1) if cfg.n_layers % d == 0]}."
+            )
+        graphdef, _ = nnx.split(self.blocks)
+        remat, layout = cfg.remat, self.layer_layout
+
+        def first_fn(front, tokens):  # (mb, T) -> (mb, T, D)
+            return embed(front["embedding"], front["position"], tokens)
+
+        def stage_fn(stacked, x):  # x: (mb, T, D)
+            return run_blocks(graphdef, stacked, x, remat=remat, layout=layout)
+
+        def last_fn(last, y, target):  # y: (mb, T, D); target: {"targets", "mask"}
+            return masked_nll(head_logits(y, last["norm"], last["head"]), target)[0]
+
+        return StagedModel(
+            n_stages=n_stages,
+            stacked="blocks",
+            last_keys=("norm", "head"),
+            first_fn=first_fn,
+            stage_fn=stage_fn,
+            last_fn=last_fn,
+            loss_fn=lm_loss,
+        )
+
+
+def embed(table: jax.Array, position: jax.Array, tokens: jax.Array) -> jax.Array:
+    """Token plus learned position embeddings: (B, T) int -> (B, T, D) in the table's dtype."""
+    x = table.at[tokens].get(out_sharding=batch_out(tokens, 3))  # (B, T, D)
+    return x + position[: tokens.shape[1]].astype(table.dtype)
+
+
+def run_blocks(graphdef, stacked, x: jax.Array, *, remat: Remat = "none", layout=None):
+    """Runs stacked blocks (leading "layers" axis) over `x` (B, T, D) with `lax.scan`.
+
+    Args:
+        graphdef: the `nnx.GraphDef` of the stacked blocks (`nnx.split(model.blocks)[0]`).
+        stacked: their state (or pure dict), every leaf with a leading layers axis; any
+            number of layers, so a pipeline stage runs a slice of them.
+        x: the residual stream.
+        remat: the `GPTConfig.remat` policy.
+        layout: optional `layer_state -> layer_state` applied per layer (see `GPT`).
+    """
+
+    def body(h, layer_state):
+        if layout is not None:
+            layer_state = layout(layer_state)
+        return nnx.merge(graphdef, layer_state)(h), None
+
+    if remat == "block":
+        body = jax.checkpoint(body)
+    elif remat == "dots":
+        body = jax.checkpoint(body, policy=jax.checkpoint_policies.dots_saveable)
+    x, _ = jax.lax.scan(body, x, stacked)
+    return x
+
+
+def head_logits(x: jax.Array, norm: jax.Array, head: jax.Array) -> jax.Array:
+    """Final norm and output head: (B, T, D) -> float32 logits (B, T, vocab)."""
+    x = _norm(x, norm)
+    out = jnp.einsum("btd,dv->btv", x, head.astype(x.dtype))  # vocab-parallel
+    return out.astype(jnp.float32)
 
 
 def lm_loss(model: GPT, batch: dict) -> tuple[jax.Array, dict]:
@@ -216,7 +279,11 @@ def lm_loss(model: GPT, batch: dict) -> tuple[jax.Array, dict]:
     Returns:
         (loss, {"accuracy": masked token accuracy}).
     """
-    logits = model(batch["inputs"])  # (B, T, V) float32
+    return masked_nll(model(batch["inputs"]), batch)
+
+
+def masked_nll(logits: jax.Array, batch: dict) -> tuple[jax.Array, dict]:
+    """`lm_loss` from logits (B, T, V): masked mean cross-entropy and accuracy."""
     logp = jax.nn.log_softmax(logits, axis=-1)
     onehot = jax.nn.one_hot(batch["targets"], logits.shape[-1], dtype=logp.dtype)
     nll = -jnp.sum(logp * onehot, axis=-1)  # (B, T)

@@ -6,6 +6,9 @@ Example:
     >>> mesh = s.make_mesh()  # 8 devices -> {'data': 2, 'fsdp': 2, 'tensor': 2}
     >>> s.batch_spec(mesh)
     PartitionSpec(('data', 'fsdp'), None)
+    >>> from shardkit.strategies import Pipeline
+    >>> Hybrid(data=2, pipeline=Pipeline(stages=4)).mesh_axes(8)  # 'stage' is outermost
+    {'stage': 4, 'data': 2}
 """
 
 from shardkit.strategies.auto import Auto as Auto
@@ -16,6 +19,7 @@ from shardkit.strategies.core import Hybrid as Hybrid
 from shardkit.strategies.core import TensorParallel as TensorParallel
 from shardkit.strategies.core import UnmatchedLeafError as UnmatchedLeafError
 from shardkit.strategies.parse import from_name as from_name
+from shardkit.strategies.pipeline import Pipeline as Pipeline
 
 __all__ = [
     "FSDP",
@@ -23,6 +27,7 @@ __all__ = [
     "DataParallel",
     "ExpectedCollectives",
     "Hybrid",
+    "Pipeline",
     "TensorParallel",
     "UnmatchedLeafError",
     "from_name",

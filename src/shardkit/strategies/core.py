@@ -6,7 +6,9 @@ Every strategy reduces to three degrees over named mesh axes plus a ZeRO stage:
 * "fsdp": batch split and parameters (ZeRO-3) or only optimizer state (ZeRO-1) split;
   parameters are all-gathered for compute and gradients reduce-scattered (or all-reduced);
 * "tensor": Megatron tensor parallelism from logical axis names: "mlp", "heads" and "vocab"
-  dims split (column-parallel in, row-parallel out, vocab-parallel embedding and loss).
+  dims split (column-parallel in, row-parallel out, vocab-parallel embedding and loss);
+* "stage": pipeline parallelism (`Hybrid(pipeline=Pipeline(stages=p))`): the stacked "layers"
+  axis split into consecutive stages, activations passed between neighbours.
 
 `DataParallel`, `FSDP` and `TensorParallel` are one-axis cases of `Hybrid`; combining them is
 `Hybrid(data=2, fsdp=2, tensor=2)`, not a subclass tree.
@@ -59,6 +61,7 @@ class _Base:
     """Shared behaviour; subclasses define `degrees(n_devices)` and `name`."""
 
     zero: int = 3
+    pipeline: Any = None  # a `Pipeline` when the strategy has a "stage" degree
 
     # -- mesh -----------------------------------------------------------------------------
     def degrees(self, n_devices: int) -> dict[str, int]:  # pragma: no cover - abstract
@@ -157,6 +160,10 @@ class _Base:
             why.append("row-parallel partial sums reduced over 'tensor' (Megatron)")
             # the vocab-parallel loss gathers scores; layout changes may use all-to-all
             allowed |= {"all-reduce", "all-gather", "reduce-scatter", "all-to-all"}
+        if _size(mesh, "stage") > 1:
+            required.append(frozenset({"collective-permute"}))
+            why.append("activations and their gradients passed between neighbouring stages")
+            allowed |= {"collective-permute", "all-reduce"}  # + loss and last-stage grads summed
         return ExpectedCollectives(tuple(required), frozenset(allowed), tuple(why))
 
     def describe(self, mesh) -> str:
@@ -169,6 +176,8 @@ class _Base:
             parts.append(f"fsdp x{_size(mesh, 'fsdp')} (ZeRO-{self.zero}: {what} split)")
         if _size(mesh, "tensor") > 1:
             parts.append(f"tensor x{_size(mesh, 'tensor')} (Megatron: heads/mlp/vocab split)")
+        if self.pipeline is not None and _size(mesh, "stage") > 1:
+            parts.append(self.pipeline.describe())
         return f"{self!r}: " + ("; ".join(parts) or "single device, nothing split")
 
 
@@ -257,6 +266,9 @@ def _path_str(path) -> str:
 def leaf_spec(strategy, path: str, shape: tuple[int, ...], names, mesh, *, for_optimizer=False):
     """The PartitionSpec of one leaf: tensor dims from logical names or patterns, then FSDP."""
     spec: list = [None] * len(shape)
+    stage = _size(mesh, "stage")
+    if stage > 1 and names and names[0] == "layers" and shape[0] % stage == 0:
+        spec[0] = "stage"  # consecutive layers per stage: the pipeline's split is local
     tensor = _size(mesh, "tensor")
     if tensor > 1:
         dim = _tensor_dim(strategy, path, shape, names, tensor)
@@ -317,7 +329,7 @@ def _fsdp_dim(shape, names, spec, fsdp):
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Hybrid(_Base):
-    """Composes data, FSDP and tensor parallelism over a 1-D to 3-D mesh.
+    """Composes data, FSDP, tensor and pipeline parallelism over a 1-D to 4-D mesh.
 
     Args:
         data: data-parallel degree (mesh axis "data").
@@ -330,16 +342,23 @@ class Hybrid(_Base):
         rules: a `shardkit.Rules` that gives every parameter's PartitionSpec over the mesh
             axes "data", "fsdp", "tensor" instead of the automatic layouts (optimizer state
             follows; with zero=1 parameters drop "fsdp"). Unmatched leaves are its errors.
+        pipeline: a `Pipeline(stages=p, schedule=..., microbatches=m)` adds mesh axis "stage"
+            (outermost): the stacked layers are split into stages and `Trainer` runs the
+            schedule. Combines with data and tensor, not with fsdp.
 
     One degree may be -1 to take the remaining devices.
 
     Raises:
-        ValueError: on a degree < 1 other than -1, two -1 degrees, or zero not in {1, 3}.
+        ValueError: on a degree < 1 other than -1, two -1 degrees, zero not in {1, 3}, a
+            pipeline that is not a `Pipeline`, or fsdp combined with a pipeline.
 
     Example:
         >>> s = Hybrid(fsdp=-1, tensor=2)
         >>> s.mesh_axes(8)
         {'fsdp': 4, 'tensor': 2}
+        >>> from shardkit.strategies import Pipeline
+        >>> Hybrid(data=2, tensor=2, pipeline=Pipeline(stages=2)).mesh_axes(8)
+        {'stage': 2, 'data': 2, 'tensor': 2}
 
     See also: `DataParallel`, `FSDP`, `TensorParallel`, `Auto`.
     """
@@ -350,13 +369,35 @@ class Hybrid(_Base):
     zero: int = 3
     tensor_rules: tuple[tuple[str, int | None], ...] | None = None
     rules: Any = None
+    pipeline: Any = None
 
     def __post_init__(self):
         _check_zero(self.zero)
         _check_degrees({"data": self.data, "fsdp": self.fsdp, "tensor": self.tensor})
+        if self.pipeline is not None:
+            _check_pipeline(self)
 
     def degrees(self, n_devices: int) -> dict[str, int]:
-        return _resolve(n_devices, {"data": self.data, "fsdp": self.fsdp, "tensor": self.tensor})
+        sizes = {"data": self.data, "fsdp": self.fsdp, "tensor": self.tensor}
+        if self.pipeline is not None:
+            sizes = {"stage": self.pipeline.stages, **sizes}
+        return _resolve(n_devices, sizes)
+
+
+def _check_pipeline(strategy) -> None:
+    from shardkit.strategies.pipeline import Pipeline
+
+    if not isinstance(strategy.pipeline, Pipeline):
+        raise ValueError(
+            f"Hybrid(pipeline={strategy.pipeline!r}) is not a Pipeline; fix: "
+            "Hybrid(data=2, pipeline=Pipeline(stages=4, microbatches=8))."
+        )
+    if strategy.fsdp != 1:
+        raise ValueError(
+            f"Hybrid(fsdp={strategy.fsdp}, pipeline=Pipeline(stages={strategy.pipeline.stages}))"
+            ": FSDP inside pipeline stages is not supported; fix: split the batch with data= "
+            "instead of fsdp=, e.g. Hybrid(data=2, pipeline=Pipeline(stages=4))."
+        )
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -6,26 +6,42 @@ from collections.abc import Mapping
 
 from shardkit.strategies.auto import Auto
 from shardkit.strategies.core import FSDP, DataParallel, Hybrid, TensorParallel
+from shardkit.strategies.pipeline import Pipeline
 
 NAMES = ("auto", "dp", "fsdp", "zero1", "tp", "hybrid")
-MESH_AXES = ("data", "fsdp", "tensor")
+MESH_AXES = ("data", "fsdp", "tensor", "stage")
 
 
-def from_name(name: str, *, mesh: Mapping[str, int] | None = None):
+def from_name(
+    name: str,
+    *,
+    mesh: Mapping[str, int] | None = None,
+    schedule: str | None = None,
+    microbatches: int | None = None,
+    residuals: str | None = None,
+):
     """Builds a strategy from a short name and optional mesh axis sizes.
 
     Args:
         name: one of "auto", "dp", "fsdp" (ZeRO-3), "zero1", "tp", "hybrid".
         mesh: mesh axis sizes such as {"data": 4, "tensor": 2}; axes must be among
-            "data", "fsdp", "tensor". With "hybrid" it sets the degrees (default
+            "data", "fsdp", "tensor", "stage". With "hybrid" it sets the degrees (default
             {"data": -1, "tensor": 2}); with other names it may only name that strategy's axis.
+            "stage" > 1 adds a `Pipeline` degree.
+        schedule: pipeline schedule name ("gpipe", "1f1b", "interleaved", "zb-h1"; default
+            "1f1b"); needs "stage" in `mesh`.
+        microbatches: pipeline micro-batches per step (default 2 x stage); needs "stage".
+        residuals: "recompute" (default) or "stash" (see `Pipeline`); needs "stage".
 
     Raises:
-        ValueError: for an unknown name or mesh axis, or an axis the strategy does not use.
+        ValueError: for an unknown name or mesh axis, an axis the strategy does not use, or
+            pipeline options without a "stage" axis.
 
     Example:
-        >>> from_name("hybrid", mesh={"fsdp": 4, "tensor": 2})
-        Hybrid(data=1, fsdp=4, tensor=2, zero=3, tensor_rules=None)
+        >>> from_name("hybrid", mesh={"fsdp": 4, "tensor": 2}).mesh_axes(8)
+        {'fsdp': 4, 'tensor': 2}
+        >>> from_name("hybrid", mesh={"data": 2, "stage": 4}, schedule="gpipe").pipeline.stages
+        4
     """
     key = name.strip().lower()
     if key not in NAMES:
@@ -37,9 +53,34 @@ def from_name(name: str, *, mesh: Mapping[str, int] | None = None):
                 f"unknown mesh axis {axis!r} (size {size}) for strategy {name!r}; fix: name "
                 f"mesh axes from {', '.join(MESH_AXES)}, e.g. --mesh data=4,tensor=2."
             )
+    stages = int(mesh.get("stage", 1))
+    if stages < 1:
+        raise ValueError(
+            f"mesh axis 'stage' has size {stages}; the pipeline needs a fixed stage count; "
+            "fix: --mesh data=2,stage=4."
+        )
+    options = {"--schedule": schedule, "--microbatches": microbatches, "--residuals": residuals}
+    given = [flag for flag, value in options.items() if value is not None]
+    if stages == 1 and given:
+        given = given[0]
+        raise ValueError(
+            f"{given} configures pipeline stages but the mesh {mesh or '{}'} has no 'stage' "
+            "axis > 1; fix: add the stage count to the mesh, e.g. --strategy hybrid "
+            "--mesh data=2,stage=4."
+        )
     if key == "hybrid":
         degrees = mesh or {"data": -1, "tensor": 2}
-        return Hybrid(**{a: int(degrees.get(a, 1)) for a in MESH_AXES})
+        pipeline = None
+        if stages > 1:
+            pipeline = Pipeline(
+                stages=stages,
+                schedule=schedule,
+                microbatches=microbatches,
+                residuals=residuals or "recompute",
+            )
+        return Hybrid(
+            **{a: int(degrees.get(a, 1)) for a in MESH_AXES if a != "stage"}, pipeline=pipeline
+        )
     if key == "auto":
         if mesh:
             raise ValueError(
@@ -52,7 +93,8 @@ def from_name(name: str, *, mesh: Mapping[str, int] | None = None):
     if extra:
         raise ValueError(
             f"strategy {name!r} uses only mesh axis {axis!r}, got {sorted(extra)}; fix: use "
-            "--strategy hybrid to combine axes."
+            f"--strategy hybrid to combine axes, e.g. --strategy hybrid --mesh {axis}=2,"
+            f"{sorted(extra)[0]}=4."
         )
     size = int(mesh.get(axis, -1))
     if key == "dp":

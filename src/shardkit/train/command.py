@@ -20,6 +20,9 @@ _FLAGS = [
     ("--data", "data", str, "token file (.npy ids or raw bytes); default: synthetic reversal"),
     ("--length", "length", int, "reversal task: digits per sequence (default 8)"),
     ("--strategy", "strategy", str, "auto, dp, fsdp, zero1, tp or hybrid (default auto)"),
+    ("--schedule", "schedule", str, "pipeline schedule: gpipe, 1f1b, interleaved or zb-h1"),
+    ("--microbatches", "microbatches", int, "pipeline micro-batches per step (default 2 x stage)"),
+    ("--residuals", "residuals", str, "pipeline backward: recompute (default) or stash"),
     ("--axis-types", "axis_types", str, "mesh axis types: auto or explicit (default auto)"),
     ("--devices", "devices", int, "devices to use; on CPU, simulated devices (default 8)"),
     ("--seed", "seed", int, "initialisation and data seed (default 0)"),
@@ -40,7 +43,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--config", help="TOML file with any of these settings")
     parser.add_argument(
-        "--mesh", help="mesh axis sizes, e.g. data=4,tensor=2 (axes: data, fsdp, tensor)"
+        "--mesh",
+        help="mesh axis sizes, e.g. data=4,tensor=2 or data=2,stage=4 (axes: data, fsdp, "
+        "tensor, stage; stage > 1 runs pipeline stages, with --strategy hybrid)",
     )
     for flag, key, kind, text in _FLAGS:
         parser.add_argument(flag, dest=key, type=kind, default=None, help=text)

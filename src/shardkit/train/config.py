@@ -49,6 +49,9 @@ class TrainConfig:
     mesh: Mapping[str, int] = dataclasses.field(default_factory=dict)
     axis_types: str = "auto"
     devices: int = 8  # simulated CPU devices when running on CPU
+    schedule: str | None = None  # pipeline schedule (mesh axis "stage"); None = fused 1F1B
+    microbatches: int | None = None  # pipeline micro-batches; None = 2 x stage
+    residuals: str | None = None  # pipeline backward: "recompute" (None) or "stash"
     # optimisation
     steps: int = 300
     batch: int = 64
@@ -77,6 +80,10 @@ class TrainConfig:
         for name in ("steps", "batch", "grad_accum", "save_every", "log_every", "devices"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)} must be >= 1; fix: {name}=1.")
+        if self.microbatches is not None and self.microbatches < 1:
+            raise ValueError(
+                f"microbatches={self.microbatches} must be >= 1; fix: --microbatches 8."
+            )
         if self.axis_types not in ("auto", "explicit"):
             raise ValueError(
                 f"axis_types={self.axis_types!r} is not 'auto' or 'explicit'; "

@@ -47,6 +47,16 @@ def plot_history(history: History, out_dir: pathlib.Path) -> dict[str, str]:
     return files
 
 
+def _pipeline_section(rows: Mapping[str, str] | None) -> list[str]:
+    if not rows:
+        return []
+    items = [{"item": k, "value": v} for k, v in rows.items() if k != "plot"]
+    out = ["<h2>Pipeline schedule</h2>", _table(items)]
+    if rows.get("plot"):
+        out.append(f'<img src="{html.escape(rows["plot"])}" alt="pipeline schedule timeline">')
+    return out
+
+
 def _table(rows: Sequence[Mapping[str, Any]]) -> str:
     if not rows:
         return "<p>(none)</p>"
@@ -80,8 +90,13 @@ def write_report(
     history: History,
     audit_html: str | None = None,
     config: Mapping[str, Any] | None = None,
+    pipeline: Mapping[str, str] | None = None,
 ) -> pathlib.Path:
-    """Writes `report.html` (+ PNG plots and `metrics.json`) into `out_dir`; returns its path."""
+    """Writes `report.html` (+ PNG plots and `metrics.json`) into `out_dir`; returns its path.
+
+    `pipeline` (from `shardkit.train.pipeline_view.pipeline_rows`) adds a section with the
+    schedule, its bubble and, under the key "plot", the timeline PNG's file name.
+    """
     out = pathlib.Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     plots = plot_history(history, out) if history.rows else {}
@@ -102,6 +117,7 @@ def write_report(
         _table([{"item": k, "value": v} for k, v in plan.items()]),
         "<h2>Curves</h2>",
         "".join(f'<img src="{f}" alt="{k}"> ' for k, f in plots.items()),
+        *_pipeline_section(pipeline),
         "<h2>Parameter layouts</h2>",
         f"<pre>{html.escape(lint_summary)}</pre>",
         _table(layout_rows),

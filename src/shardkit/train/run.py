@@ -76,7 +76,13 @@ def build_trainer(cfg: TrainConfig, devices=None):
     schedule = optax.warmup_cosine_decay_schedule(
         0.0, cfg.lr, warmup, max(cfg.steps, warmup + 1), cfg.lr / 10
     )
-    strategy = from_name(cfg.strategy, mesh=cfg.mesh)
+    strategy = from_name(
+        cfg.strategy,
+        mesh=cfg.mesh,
+        schedule=cfg.schedule,
+        microbatches=cfg.microbatches,
+        residuals=cfg.residuals,
+    )
     trainer = Trainer(
         lambda key: GPT(model_cfg, rngs=nnx.Rngs(key)),
         optax.adamw(schedule, weight_decay=cfg.weight_decay),
@@ -233,6 +239,13 @@ def train(cfg: TrainConfig, *, console: Any = None, quiet: bool = False) -> RunR
         f"heads={model_cfg.n_heads} d_ff={model_cfg.ff} vocab={model_cfg.vocab} "
         f"seq={model_cfg.seq_len} remat={model_cfg.remat}: {n_params:,} parameters"
     )
+    pipe_rows = None
+    if trainer.pipeline is not None:
+        from shardkit.train.pipeline_view import pipeline_rows
+
+        pipe_rows = pipeline_rows(trainer.pipeline, cfg.out if cfg.report else None)
+        for key, value in pipe_rows.items():
+            say(f"[bold]pipeline[/] {key}: {value}")
     rows = layout_rows(trainer)
     report_lint = lint(trainer.abstract_params, trainer.param_specs, mesh)
     if not quiet:
@@ -279,7 +292,7 @@ def train(cfg: TrainConfig, *, console: Any = None, quiet: bool = False) -> RunR
                 bar.update(
                     done,
                     loss=m["loss"],
-                    acc=m.get("accuracy", float("nan")),
+                    **({"acc": m["accuracy"]} if "accuracy" in m else {}),  # none when pipelined
                     **{"tok/s": tokens_per_step / dt},
                 )
     ckpt.save(state, meta=meta, force=int(jax.device_get(state.step)) not in ckpt.all_steps())
@@ -349,6 +362,7 @@ def train(cfg: TrainConfig, *, console: Any = None, quiet: bool = False) -> RunR
             history=history,
             audit_html=audit.to_html() if audit is not None else None,
             config=cfg.to_dict(),
+            pipeline=pipe_rows,
         )
         (pathlib.Path(cfg.out) / "summary.json").write_text(json.dumps(summary, indent=1))
     ckpt.close()

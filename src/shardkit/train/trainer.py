@@ -9,6 +9,11 @@ for compute (FSDP's "fsdp" axis removed: an all-gather whose transpose reduce-sc
 gradients), and gradients are constrained back to the optimizer-state layout before the
 optimizer update. On Explicit meshes these layout changes are `jax.sharding.reshard`, on Auto
 meshes `with_sharding_constraint`.
+
+With a pipeline degree (`Hybrid(pipeline=Pipeline(stages=p))`, mesh axis "stage"), the step
+runs `shardkit.pipeline.pipeline_value_and_grad` over the model's `pipeline_stages` (see
+`shardkit.train.pipelined`); the parameters keep their canonical layout, with the stacked
+layers split over "stage", so checkpoints restore across a change of stage count.
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ from jax.sharding import PartitionSpec as P
 
 from shardkit.models.common import logical_axes
 from shardkit.strategies import Auto
+from shardkit.strategies.core import _drop
+from shardkit.train.pipelined import pipeline_loss_and_grads, pipeline_of
 
 
 class TrainState(NamedTuple):
@@ -56,13 +63,16 @@ class Trainer:
         mesh: a mesh with the strategy's axis names; default `strategy.make_mesh(devices)`.
         devices: devices for the default mesh (default all).
         axis_types: "auto" or "explicit" for the default mesh.
-        grad_accum: micro-batches per step; gradients are averaged over them.
+        grad_accum: micro-batches per step; gradients are averaged over them. With pipeline
+            stages the strategy's `Pipeline.microbatches` plays this role (keep grad_accum=1).
         compute_dtype: "float32" or "bfloat16" (mixed precision: float32 master weights and
             optimizer state, bfloat16 forward and backward).
         batch_size: global batch size, used by `Auto` to pick divisible degrees.
 
     Raises:
-        ValueError: for non-Param state in an NNX model, grad_accum < 1 or an unknown dtype.
+        ValueError: for non-Param state in an NNX model, grad_accum < 1 or an unknown dtype;
+            with pipeline stages: a mesh without "stage", a model without `pipeline_stages`,
+            a layer count the stages do not divide, or grad_accum > 1.
 
     Example:
         >>> import optax
@@ -112,6 +122,8 @@ class Trainer:
         self.strategy = strategy
         self.mesh = mesh if mesh is not None else strategy.make_mesh(devices, axis_types=axis_types)
         self.explicit = any(t == AxisType.Explicit for t in self.mesh.axis_types)
+        self.pipeline = pipeline_of(self)  # None unless the strategy has stages > 1
+        self.microbatches = self.pipeline.microbatches if self.pipeline else grad_accum
         self.param_specs = strategy.param_specs(
             self.abstract_params, self.mesh, logical=self.logical
         )
@@ -126,6 +138,14 @@ class Trainer:
         self._stacked_key, self._upfront_specs, self._layer_specs = _split_stacked(
             self.abstract_params, self.logical, self.param_specs, self.compute_specs, strategy
         )
+        if self.pipeline is not None and self._stacked_key is not None:
+            # the non-pipelined forward (evaluate) gathers the stage-split layers up front
+            self._upfront_specs = dict(self._upfront_specs)
+            self._upfront_specs[self._stacked_key] = jax.tree.map(
+                lambda s: P(*(_drop(e, "stage") for e in s)),
+                self.param_specs[self._stacked_key],
+                is_leaf=lambda x: isinstance(x, P),
+            )
         abstract_opt = jax.eval_shape(optimizer.init, self.abstract_params)
         self.opt_specs = optax.tree_map_params(
             optimizer,
@@ -158,9 +178,9 @@ class Trainer:
         out = {}
         for key, value in batch.items():
             spec = self.strategy.batch_spec(
-                self.mesh, np.ndim(value) - (self.grad_accum > 1 and micro)
+                self.mesh, np.ndim(value) - (self.microbatches > 1 and micro)
             )
-            if self.grad_accum > 1 and micro:
+            if self.microbatches > 1 and micro:
                 spec = P(None, *spec)
             out[key] = NamedSharding(self.mesh, spec)
         return out
@@ -170,15 +190,16 @@ class Trainer:
         split = 1
         for axis in self.strategy.batch_axes(self.mesh):
             split *= self.mesh.shape[axis]
-        return split * (self.grad_accum if micro else 1)
+        return split * (self.microbatches if micro else 1)
 
     def _check_batch_size(self, size: int, micro: bool) -> None:
         div = self.batch_divisor(micro=micro)
         if size % div:
             axes = {a: self.mesh.shape[a] for a in self.strategy.batch_axes(self.mesh)}
+            what = "microbatches" if self.pipeline else "grad_accum"
             raise BatchSizeError(
                 f"batch size {size} is not divisible by {div} (mesh axes {axes} that split the "
-                f"batch x grad_accum={self.grad_accum if micro else 1}); fix: use a batch size "
+                f"batch x {what}={self.microbatches if micro else 1}); fix: use a batch size "
                 f"that is a multiple of {div}, e.g. {max(div, size // div * div)}."
             )
 
@@ -195,9 +216,10 @@ class Trainer:
             >>> trainer.process_rows(8)            # doctest: +SKIP
             array([0, 1, 2, 3, 4, 5, 6, 7])        # one process; [0..3] / [4..7] with two
         """
-        micro = self.grad_accum > 1 and not for_eval
+        micro = self.microbatches > 1 and not for_eval
         self._check_batch_size(batch_size, micro)
-        shape = (self.grad_accum, batch_size // self.grad_accum) if micro else (batch_size,)
+        m = self.microbatches
+        shape = (m, batch_size // m) if micro else (batch_size,)
         index = np.arange(batch_size).reshape(shape)
         if jax.process_count() == 1:
             return index.ravel()
@@ -217,11 +239,12 @@ class Trainer:
 
         `batch` is the whole global batch; with several processes each keeps only the rows
         of its own devices (to load only those rows, use `load_batch`). With `grad_accum > 1`
-        the batch is reshaped to (grad_accum, batch // grad_accum, ...) first.
+        (or pipeline micro-batches) the batch is reshaped to (micro-batches,
+        batch // micro-batches, ...) first.
 
         Raises:
             BatchSizeError: if the batch is not divisible by the batch-splitting mesh axes
-                times grad_accum.
+                times grad_accum (or the pipeline's micro-batches).
         """
         sizes = {np.shape(v)[0] for v in batch.values()}
         if len(sizes) != 1:
@@ -243,7 +266,7 @@ class Trainer:
         Raises:
             BatchSizeError: if the local rows are not the count `process_rows` gives.
         """
-        micro = self.grad_accum > 1 and not for_eval
+        micro = self.microbatches > 1 and not for_eval
         want = len(self.process_rows(batch_size, for_eval=for_eval))
         for key, value in batch.items():
             if np.shape(value)[0] != want:
@@ -253,12 +276,13 @@ class Trainer:
                     f"global {batch_size}; fix: pass the rows trainer.process_rows({batch_size})."
                 )
         if micro:
+            m = self.microbatches
             batch = {
-                k: np.reshape(v, (self.grad_accum, want // self.grad_accum) + np.shape(v)[1:])
+                k: np.reshape(v, (m, want // m) + np.shape(v)[1:])
                 for k, v in batch.items()
             }
         shardings = self.batch_sharding(batch, micro=micro)
-        lead = (self.grad_accum, batch_size // self.grad_accum) if micro else (batch_size,)
+        lead = (self.microbatches, batch_size // self.microbatches) if micro else (batch_size,)
         return {
             k: jax.make_array_from_process_local_data(
                 shardings[k], np.asarray(v), lead + np.shape(v)[len(lead) :]
@@ -334,27 +358,47 @@ class Trainer:
         assert len(leaves) == len(specs), (len(leaves), len(specs))
         return treedef.unflatten(self._constrain(leaves, specs))
 
-    def _step_fn(self, state: TrainState, batch):
+    def loss_and_grads(self, params: Any, batch: Mapping[str, Any]):
+        """(loss, gradients) of `params` on a batch placed with `place_batch`: the value the
+        training step applies, pipelined when the strategy has stages (for tests and audits).
+        """
+        key = ("grads",) + tuple(sorted((k, tuple(np.shape(v))) for k, v in batch.items()))
+        if key not in self._compiled:
+            self._compiled[key] = jax.jit(self._loss_and_grads)
+        return self._compiled[key](params, dict(batch))
+
+    def _loss_and_grads(self, params, batch):
+        if self.pipeline is not None:
+            loss, grads = pipeline_loss_and_grads(self, params, batch)
+            metrics = {}
+        else:
+            (loss, metrics), grads = self._accumulated_grads(params, batch)
+        grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, params)
+        return (loss, metrics), grads
+
+    def _accumulated_grads(self, params, batch):
         grad_fn = jax.value_and_grad(self._loss, has_aux=True)
         if self.grad_accum == 1:
-            (loss, metrics), grads = grad_fn(state.params, batch)
-        else:
+            return grad_fn(params, batch)
 
-            def micro(carry, mb):
-                (loss, metrics), grads = grad_fn(state.params, mb)
-                acc = jax.tree.map(jnp.add, carry, (loss, metrics, grads))
-                return acc, None
+        def micro(carry, mb):
+            (loss, metrics), grads = grad_fn(params, mb)
+            acc = jax.tree.map(jnp.add, carry, (loss, metrics, grads))
+            return acc, None
 
-            zeros = jax.tree.map(
-                lambda x: jnp.zeros(x.shape, jnp.float32),
-                jax.eval_shape(grad_fn, state.params, jax.tree.map(lambda x: x[0], batch)),
-            )
-            (loss, metrics), grads = zeros
-            zeros = (loss, metrics, self._constrain(grads, self._opt_param_specs))
-            (loss, metrics, grads), _ = jax.lax.scan(micro, zeros, batch)
-            scale = 1.0 / self.grad_accum
-            loss, metrics, grads = jax.tree.map(lambda x: x * scale, (loss, metrics, grads))
-        grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, state.params)
+        zeros = jax.tree.map(
+            lambda x: jnp.zeros(x.shape, jnp.float32),
+            jax.eval_shape(grad_fn, params, jax.tree.map(lambda x: x[0], batch)),
+        )
+        (loss, metrics), grads = zeros
+        zeros = (loss, metrics, self._constrain(grads, self._opt_param_specs))
+        (loss, metrics, grads), _ = jax.lax.scan(micro, zeros, batch)
+        scale = 1.0 / self.grad_accum
+        loss, metrics, grads = jax.tree.map(lambda x: x * scale, (loss, metrics, grads))
+        return (loss, metrics), grads
+
+    def _step_fn(self, state: TrainState, batch):
+        (loss, metrics), grads = self._loss_and_grads(state.params, batch)
         grads = self._constrain(grads, self._opt_param_specs)
         updates, opt_state = self.optimizer.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)

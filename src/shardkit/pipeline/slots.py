@@ -1,0 +1,229 @@
+"""Buffer slots for a step table: where each in-flight activation, gradient and residual lives.
+
+The SPMD executor keeps, per device, small buffers of received activations (``x``),
+received output gradients (``g``) and, with ``residuals="stash"``, the backward residuals of
+forwarded micro-batches (``res``; the last model stage has its own pool ``last`` because its
+residuals include the loss head's). Each value occupies a slot from the moment it is written
+until its last read; :func:`plan` colours these intervals greedily (optimal for intervals), so
+a buffer has as many slots as the schedule has values alive at once on the busiest device, plus
+one trash slot that absorbs the writes of idle lanes.
+
+Time points within a step: lane ``l`` reads at ``2 (t (L+1) + l)``, writes just after, and the
+values received by ``ppermute`` land at the end of the step, so a slot read by lane 1 at step
+``t`` may be refilled from step ``t``'s receive, and lane 1 may read what lane 0 wrote in the
+same step.
+
+Example:
+    >>> from shardkit.pipeline import OneFOneB, table
+    >>> pl = plan(table(OneFOneB(), p=4, m=8), stash=False)
+    >>> pl.x_slots, pl.g_slots
+    (5, 1)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from shardkit.pipeline.schedule import BI, IDLE, B, F, Table, W
+
+# per-lane columns
+KIND, MB, CHUNK, XR, GR, RR, RW, LR, LW, GXI = range(10)
+LANE_COLS = 10
+# per-(step, device) columns, after the lanes
+RX, RG, FLANE, BLANE = range(4)
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """Slot assignment of a :class:`~shardkit.pipeline.Table` for the executor.
+
+    Attributes:
+        table: the step table.
+        stash: whether backward residuals are stashed (else the backward recomputes them).
+        cols: ``int32 [T, p, lanes * LANE_COLS + 4]``: per lane (kind, micro-batch, chunk,
+            x read slot, g read slot, res read slot, res write slot, last-res read slot,
+            last-res write slot, g_xs index), then (x receive slot, g receive slot, lane whose
+            output goes forward, lane whose output goes backward). Unused entries point at the
+            trash slot (index = slot count), and the g_xs index at ``m``.
+        x_slots, g_slots, res_slots, last_slots: slots per pool, trash excluded.
+        lane_kinds: the kind codes that occur in each lane.
+    """
+
+    table: Table
+    stash: bool
+    cols: np.ndarray
+    x_slots: int
+    g_slots: int
+    res_slots: int
+    last_slots: int
+    lane_kinds: tuple[frozenset, ...]
+
+
+def _colour(intervals: dict) -> tuple[dict, int]:
+    """Greedy interval colouring: key -> slot, number of slots. Intervals are [start, end]."""
+    free_at: list[int] = []  # per slot: the last read time of its current value
+    out = {}
+    for key, (start, end) in sorted(intervals.items(), key=lambda kv: (kv[1][0], kv[1][1])):
+        for slot, busy in enumerate(free_at):
+            if busy < start:
+                free_at[slot] = end
+                out[key] = slot
+                break
+        else:
+            out[key] = len(free_at)
+            free_at.append(end)
+    return out, len(free_at)
+
+
+def plan(tbl: Table, *, stash: bool) -> Plan:
+    """Assigns buffer slots to every value of ``tbl`` and packs the executor's columns.
+
+    Args:
+        tbl: the step table from :func:`shardkit.pipeline.table`.
+        stash: keep backward residuals from the forward (else keep only the stage input).
+
+    Returns:
+        The :class:`Plan`.
+
+    Raises:
+        RuntimeError: the table breaks the lockstep contract (a value used at or before the
+            step that sends it).
+    """
+    ops = tbl.ops
+    T, p, L, _ = ops.shape
+    v, m = tbl.virtual, tbl.m
+    S = p * v
+    width = L + 1
+
+    def rd(t, lane):
+        return 2 * (t * width + lane)
+
+    def recv(t):
+        return 2 * (t * width + L) + 1
+
+    at: dict[tuple[int, int, int], tuple[int, int]] = {}  # (kind, i, s) -> (t, lane)
+    lane_kinds = [set() for _ in range(L)]
+    for t in range(T):
+        for d in range(p):
+            for lane in range(L):
+                k, i, c = (int(z) for z in ops[t, d, lane])
+                lane_kinds[lane].add(k)
+                if k == IDLE:
+                    continue
+                key = (F if k == F else (W if k == W else B), i, c * p + d)
+                if key in at:
+                    raise RuntimeError(f"{tbl.schedule}: op {key} appears twice in the table")
+                at[key] = (t, lane)
+
+    def uses(i, s, with_x):
+        out = []
+        if with_x:
+            out.append(rd(*at[(F, i, s)]))
+        for k in (B, W):
+            if (k, i, s) in at:
+                out.append(rd(*at[(k, i, s)]))
+        return out
+
+    def need(key, what):
+        if key not in at:
+            raise RuntimeError(f"{tbl.schedule}: {what} {key} is missing from the table")
+        return at[key]
+
+    xs_iv, gs_iv, res_iv, last_iv = ({} for _ in range(4))
+    for i in range(m):
+        for s in range(S):
+            d = s % p
+            tf, lf = need((F, i, s), "forward")
+            need((B, i, s), "backward")
+            if s > 0:
+                ts, _ = need((F, i, s - 1), "forward")
+                if ts >= tf:
+                    raise RuntimeError(
+                        f"{tbl.schedule}: F(mb {i}, stage {s}) at step {tf} uses the "
+                        f"activation sent at step {ts}; the table breaks the lockstep contract"
+                    )
+                reads = [rd(tf, lf)] if stash else uses(i, s, True)
+                xs_iv[(d, i, s)] = (recv(ts), max(reads))
+            if s < S - 1:
+                tb, _ = need((B, i, s + 1), "backward")
+                if tb >= at[(B, i, s)][0]:
+                    raise RuntimeError(
+                        f"{tbl.schedule}: backward of (mb {i}, stage {s}) at step "
+                        f"{at[(B, i, s)][0]} uses the gradient sent at step {tb}; the table "
+                        "breaks the lockstep contract"
+                    )
+                gs_iv[(d, i, s)] = (recv(tb), max(uses(i, s, False)))
+            if stash:
+                pool = last_iv if s == S - 1 else res_iv
+                pool[(d, i, s)] = (rd(tf, lf) + 1, max(uses(i, s, False)))
+
+    def per_device(iv):
+        slots, count = {}, 0
+        for d in range(p):
+            got, n = _colour({k: val for k, val in iv.items() if k[0] == d})
+            slots.update(got)
+            count = max(count, n)
+        return slots, count
+
+    xsl, nx = per_device(xs_iv)
+    gsl, ng = per_device(gs_iv)
+    rsl, nr = per_device(res_iv)
+    lsl, nl = per_device(last_iv)
+
+    cols = np.zeros((T, p, L * LANE_COLS + 4), np.int32)
+    tail = L * LANE_COLS
+    for t in range(T):
+        for d in range(p):
+            flane = blane = None
+            for lane in range(L):
+                k, i, c = (int(z) for z in ops[t, d, lane])
+                s = c * p + d
+                row = [k, i, c, nx, ng, nr, nr, nl, nl, m]
+                if k != IDLE:
+                    key = (d, i, s)
+                    row[XR] = xsl.get(key, nx)
+                    row[GR] = gsl.get(key, ng)
+                    if k == F:
+                        row[RW], row[LW] = rsl.get(key, nr), lsl.get(key, nl)
+                        if flane is not None:
+                            raise RuntimeError(f"{tbl.schedule}: two forwards at ({t}, {d})")
+                        flane = lane
+                    else:
+                        row[RR], row[LR] = rsl.get(key, nr), lsl.get(key, nl)
+                    if k in (B, BI):
+                        if blane is not None:
+                            raise RuntimeError(f"{tbl.schedule}: two backwards at ({t}, {d})")
+                        blane = lane
+                        if s == 0:
+                            row[GXI] = i
+                cols[t, d, lane * LANE_COLS : (lane + 1) * LANE_COLS] = row
+            cols[t, d, tail + FLANE] = flane or 0
+            cols[t, d, tail + BLANE] = blane or 0
+            # what arrives at the end of this step
+            rx, rg = nx, ng
+            src = (d - 1) % p
+            for lane in range(L):
+                k, i, c = (int(z) for z in ops[t, src, lane])
+                s = c * p + src
+                if k == F and s + 1 < S and (s + 1) % p == d:
+                    rx = xsl[(d, i, s + 1)]
+            src = (d + 1) % p
+            for lane in range(L):
+                k, i, c = (int(z) for z in ops[t, src, lane])
+                s = c * p + src
+                if k in (B, BI) and s >= 1 and (s - 1) % p == d:
+                    rg = gsl[(d, i, s - 1)]
+            cols[t, d, tail + RX] = rx
+            cols[t, d, tail + RG] = rg
+    return Plan(
+        table=tbl,
+        stash=stash,
+        cols=cols,
+        x_slots=nx,
+        g_slots=ng,
+        res_slots=nr,
+        last_slots=nl,
+        lane_kinds=tuple(frozenset(k) for k in lane_kinds),
+    )

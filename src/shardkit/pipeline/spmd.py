@@ -1,0 +1,124 @@
+"""Helpers for the pipeline executor's ``shard_map`` bodies: varying types, layouts, slots.
+
+Inside ``jax.shard_map`` with ``check_vma`` every value is typed as varying or invariant over
+each manual mesh axis; :func:`vary` makes loop carries and switch outputs uniformly varying.
+:func:`place` puts inputs where ``in_specs`` expects them on Explicit meshes, :func:`reduce`
+sums or averages many leaves in one collective, and :func:`regroup` moves stage parameters
+between the block layout of ``P('stage')`` and the chunk layout of interleaved schedules.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.sharding import AxisType, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+
+def vary(tree: Any, axes: Sequence[str]) -> Any:
+    """pcast every leaf to varying over ``axes`` (those it is not varying over yet)."""
+
+    def one(a):
+        have = jax.typeof(a).manual_axis_type.varying
+        missing = tuple(ax for ax in axes if ax not in have)
+        return lax.pcast(a, missing, to="varying") if missing else a
+
+    return jax.tree.map(one, tree)
+
+
+def reduce(tree: Any, op: Callable, axes: Sequence[str]) -> Any:
+    """Reduces all leaves of ``tree`` over ``axes`` in one (tuple) collective.
+
+    The leaves go to one ``psum``/``pmean`` together rather than concatenated, so leaves that
+    the compiler shards over other mesh axes (e.g. 'tensor') keep their layout.
+    """
+    leaves, treedef = jax.tree.flatten(tree)
+    if not leaves or not axes:
+        return tree
+    return jax.tree.unflatten(treedef, op(leaves, tuple(axes)))
+
+
+def index(tree: Any, i: Any) -> Any:
+    return jax.tree.map(lambda a: lax.dynamic_index_in_dim(a, i, 0, keepdims=False), tree)
+
+
+def put(tree: Any, i: Any, val: Any) -> Any:
+    return jax.tree.map(lambda a, b: lax.dynamic_update_index_in_dim(a, b, i, 0), tree, val)
+
+
+def buffer(proto: Any, n: int) -> Any:
+    """A buffer of ``n`` slots shaped like ``proto`` (zeros, same sharding and vma)."""
+    return jax.tree.map(lambda a: jnp.broadcast_to(jnp.zeros_like(a), (n, *a.shape)), proto)
+
+
+def is_explicit(mesh) -> bool:
+    return any(t == AxisType.Explicit for t in getattr(mesh, "axis_types", ()))
+
+
+def spec_without(x: Any, axes: Sequence[str]) -> tuple:
+    """The Explicit-mesh spec of ``x``, one entry per dim, with mesh axes ``axes`` removed."""
+    cur = tuple(jax.typeof(x).sharding.spec)
+    cur += (None,) * (x.ndim - len(cur))
+    out = []
+    for entry in cur:
+        names = entry if isinstance(entry, tuple) else (entry,)
+        keep = tuple(n for n in names if n is not None and n not in axes)
+        out.append(keep[0] if len(keep) == 1 else (keep or None))
+    return tuple(out)
+
+
+def place(x: Any, mesh, manual: dict[int, Any], manual_axes: Sequence[str]) -> Any:
+    """On an Explicit mesh, reshard ``x`` so its manual mesh axes sit where shard_map expects.
+
+    ``manual`` maps array dim -> the manual spec entry; other dims keep their own sharding
+    minus the manual axes. On an Auto mesh nothing is needed.
+    """
+    if not is_explicit(mesh):
+        return x
+    cur = tuple(jax.typeof(x).sharding.spec)
+    cur += (None,) * (x.ndim - len(cur))
+    new = [manual.get(dim, e) for dim, e in enumerate(spec_without(x, manual_axes))]
+    spec = P(*new)
+    if tuple(spec) == cur:
+        return x
+    return jax.sharding.reshard(x, NamedSharding(mesh, spec))
+
+
+def regroup(tree: Any, p: int, v: int, stage_axis: str, *, to_chunks: bool) -> Any:
+    """Moves stage parameters between the block layout and the chunk layout (inside shard_map).
+
+    Block layout (how ``P('stage')`` splits the ``p*v`` model stages): device ``a`` holds
+    stages ``a*v .. a*v+v-1``. Chunk layout (what the schedules run): device ``d`` holds
+    stages ``c*p + d`` for chunks ``c = 0 .. v-1``. For each (chunk ``c``, block slot ``b``)
+    the devices that exchange form a partial permutation, so ``v**2`` ppermutes of one stage
+    each move every stage once, with no all-gather. With ``v = 1`` both layouts agree.
+    """
+    if v == 1:
+        return tree
+    moves = []  # (c, b, [(block device, chunk device)])
+    for c in range(v):
+        for b in range(v):
+            pairs = [((c * p + d) // v, d) for d in range(p) if (c * p + d) % v == b]
+            if pairs:
+                moves.append((c, b, pairs))
+
+    def move(x, pairs):
+        if all(src == dst for src, dst in pairs):  # stays on its device: no collective
+            here = jnp.isin(lax.axis_index(stage_axis), jnp.array([src for src, _ in pairs]))
+            return jnp.where(here, x, jnp.zeros_like(x))
+        return lax.ppermute(x, stage_axis, pairs)
+
+    def one(a):  # a: [v, ...] local
+        out = [jnp.zeros_like(a[0]) for _ in range(v)]
+        for c, b, pairs in moves:
+            if to_chunks:
+                out[c] = out[c] + move(a[b], pairs)
+            else:
+                out[b] = out[b] + move(a[c], [(d, s) for s, d in pairs])
+        return jnp.stack(out)
+
+    return jax.tree.map(one, tree)

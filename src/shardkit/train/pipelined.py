@@ -1,0 +1,121 @@
+"""The pipelined loss and gradients of a `Trainer` step (strategies with a "stage" degree).
+
+The model cuts itself with `pipeline_stages(n)` (a `shardkit.models.StagedModel`): the
+embedding runs in front of the pipeline under `jax.vjp`, the stacked layers run as `n` stages
+under `shardkit.pipeline.pipeline_value_and_grad` with the strategy's schedule and micro-batches,
+and the head and loss run as the last part. The embedding's gradient comes from the pipeline's
+input cotangent. Parameters and gradients keep the canonical layout (stacked layers whole,
+split over "stage"), so optimizer state and checkpoints do not depend on the stage count.
+
+The pipelined loss is the mean of the micro-batch losses (each averaged over its data shards),
+as `grad_accum` gives without a pipeline; for the masked cross-entropy it equals the full-batch
+loss when every sequence holds the same number of unmasked tokens (true for the reversal task
+and token files).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+
+def pipeline_of(trainer) -> Any:
+    """The strategy's `Pipeline` when it has stages > 1 (None otherwise), checked for `trainer`.
+
+    Raises:
+        ValueError: when the mesh lacks a matching "stage" axis, grad_accum > 1, the model has
+            no `pipeline_stages`, its layers do not split into the stages, or the loss is not
+            the one the model's last stage computes; each names the fix.
+    """
+    pipe = getattr(trainer.strategy, "pipeline", None)
+    if pipe is None or pipe.stages == 1:
+        return None
+    sizes = dict(trainer.mesh.shape)
+    if sizes.get("stage", 1) != pipe.stages:
+        have = f"size {sizes['stage']}" if "stage" in sizes else "no 'stage' axis"
+        raise ValueError(
+            f"the strategy has Pipeline(stages={pipe.stages}) but the mesh {sizes} has {have}; "
+            f"fix: let the Trainer build the mesh (strategy.make_mesh()), or pass a mesh with "
+            f"'stage': {pipe.stages}, e.g. shardkit.make_mesh({{'stage': {pipe.stages}, "
+            f"'data': {max(1, trainer.mesh.size // pipe.stages)}}})."
+        )
+    if trainer.grad_accum > 1:
+        raise ValueError(
+            f"grad_accum={trainer.grad_accum} with Pipeline(stages={pipe.stages}): the pipeline "
+            "already splits the batch into micro-batches; fix: grad_accum=1 and "
+            f"Pipeline(microbatches={pipe.microbatches * trainer.grad_accum})."
+        )
+    _probe(trainer, pipe)
+    return pipe
+
+
+def _probe(trainer, pipe) -> None:
+    """Builds the staged model once on abstract parameters to check it before compiling."""
+    if trainer._graphdef is None:
+        raise ValueError(
+            "pipeline stages need a Flax NNX model with a `pipeline_stages(n)` method (like "
+            "shardkit.models.GPT), not a plain parameter pytree; fix: train a GPT, or drop the "
+            "'stage' axis from the strategy."
+        )
+    found = {}
+
+    def build(params):
+        model = nnx.merge(trainer._graphdef, params)
+        if not hasattr(model, "pipeline_stages"):
+            raise ValueError(
+                f"{type(model).__name__} has no `pipeline_stages(n)` method, so it cannot be "
+                "cut into pipeline stages; fix: use shardkit.models.GPT or add the method "
+                "(see shardkit.models.StagedModel), or drop the 'stage' axis."
+            )
+        n_layers = getattr(getattr(model, "cfg", None), "n_layers", None)
+        if n_layers is not None:
+            pipe.check_layers(n_layers, what=f"{type(model).__name__}(n_layers={n_layers})")
+            pipe.schedule.check(pipe.stages, pipe.microbatches, layers=n_layers)
+        found["staged"] = model.pipeline_stages(pipe.n_stages)
+        return jnp.zeros(())
+
+    jax.eval_shape(build, trainer.abstract_params)
+    staged = found["staged"]
+    if trainer.loss_fn is not staged.loss_fn:
+        name = getattr(staged.loss_fn, "__name__", repr(staged.loss_fn))
+        raise ValueError(
+            f"with pipeline stages the last stage computes {name}, but the Trainer was given "
+            f"loss_fn={getattr(trainer.loss_fn, '__name__', trainer.loss_fn)!r}; fix: pass "
+            f"loss_fn={name}, or drop the 'stage' axis to train with another loss."
+        )
+
+
+def pipeline_loss_and_grads(trainer, params: Any, batch: dict) -> tuple[jax.Array, Any]:
+    """(loss, gradients in the canonical layout) of one pipelined step; call under `jit`.
+
+    Args:
+        trainer: a `Trainer` whose `pipeline` is set.
+        params: canonical float32 parameters (a pure dict).
+        batch: a batch placed by `trainer.place_batch`: leaves (microbatches, mb, ...).
+    """
+    from shardkit.pipeline.engine import pipeline_value_and_grad
+
+    pipe = trainer.pipeline
+    dtype = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}[trainer.compute_dtype]
+    cparams = jax.tree.map(lambda p: p.astype(dtype) if p.dtype == jnp.float32 else p, params)
+    staged = nnx.merge(trainer._graphdef, cparams).pipeline_stages(pipe.n_stages)
+    front, stages, last = staged.split(cparams)
+    inputs = batch[staged.input_key]  # (m, mb, ...)
+    target = {k: v for k, v in batch.items() if k != staged.input_key}
+    first = jax.vmap(staged.first_fn, in_axes=(None, 0))  # per micro-batch
+    xs, first_vjp = jax.vjp(lambda f: first(f, inputs), front)  # (m, mb, T, D)
+    run = pipeline_value_and_grad(
+        staged.stage_fn,
+        staged.last_fn,
+        mesh=trainer.mesh,
+        schedule=pipe.schedule,
+        microbatches=pipe.microbatches,
+        data_axes=trainer.strategy.batch_axes(trainer.mesh),
+        residuals=pipe.residuals,
+    )
+    loss, (g_stages, g_last, g_xs) = run(stages, last, xs, target)
+    (g_front,) = first_vjp(g_xs.astype(xs.dtype))
+    return loss.astype(jnp.float32), staged.merge(g_front, g_stages, g_last)
