@@ -52,7 +52,10 @@ class Measurement:
         output_bytes: outputs (the new state aliases the donated one).
         alias_bytes: output bytes that reuse donated argument buffers.
         temp_bytes: temporaries (activations, gathered weights, gradients in flight).
-        flops: FLOPs from `cost_analysis()` (None when the backend gives none).
+        flops: matmul FLOPs of the compiled program, loop bodies times their trip counts
+            (`matmul_flops`; elementwise work is not counted).
+        xla_flops: `cost_analysis()["flops"]`, which counts each loop body once (None when
+            the backend gives none).
         collectives: kind -> {"count", "bytes" (normalised), "raw_bytes" (as compiled)};
             bytes each device sends per step, ring formulas (`shardkit.inspection.FORMULAS`).
         notes: the normalisations applied, in words.
@@ -66,7 +69,8 @@ class Measurement:
     output_bytes: int
     alias_bytes: int
     temp_bytes: int
-    flops: float | None
+    flops: float
+    xla_flops: float | None
     collectives: dict[str, dict[str, float]]
     notes: tuple[str, ...]
     compile_seconds: float
@@ -106,11 +110,43 @@ def _compile(fn: Any, args: tuple, mesh: Any) -> tuple[Any, bool]:
     return lowered.compile(device_assignment=(device,) * mesh.size), True
 
 
-def _promoted(report_text: str) -> set[str]:
-    """Names of all-reduces whose reduction XLA promoted from a narrow type (`*_promoted`)."""
-    from shardkit.inspection.hlo import parse_hlo
+def matmul_flops(module: Any) -> tuple[float, bool]:
+    """FLOPs of every dot in a compiled program, loop bodies times their trip counts.
 
-    module = parse_hlo(report_text)
+    `cost_analysis()` counts a while loop's body once, so for a scanned model it misses all
+    but one layer. This sums 2 x result elements x contracted size over the `dot`
+    instructions of every computation (fusions included), times how often the computation
+    runs (`shardkit.inspection.hlo.execution_counts`).
+
+    Returns:
+        (FLOPs, whether every count was known; unknown counts are taken as 1).
+    """
+    import math
+    import re
+
+    from shardkit.inspection.hlo import execution_counts
+
+    counts = execution_counts(module)
+    total, known = 0.0, True
+    for comp, instrs in module.computations.items():
+        for ins in instrs:
+            if ins.opcode != "dot" or not ins.operands:
+                continue
+            lhs = module.symbol(comp, ins.operands[0])
+            if lhs is None or not lhs.arrays or not ins.arrays:
+                known = False
+                continue
+            dims = lhs.arrays[0].dims
+            contracted = re.findall(r"\d+", ins.attr("lhs_contracting_dims") or "")
+            k = math.prod(dims[int(d)] for d in contracted)
+            n = counts.get(comp)
+            known = known and n is not None
+            total += 2.0 * math.prod(ins.arrays[0].dims) * k * (n if n is not None else 1)
+    return total, known
+
+
+def _promoted(module: Any) -> set[str]:
+    """Names of all-reduces whose reduction XLA promoted from a narrow type (`*_promoted`)."""
     names = set()
     for ins in module.collectives():
         apply = ins.attr("to_apply") or ""
@@ -207,6 +243,7 @@ def measure(
     from jax.sharding import AbstractMesh, Mesh
 
     from shardkit.inspection import inspect
+    from shardkit.inspection.hlo import parse_hlo
 
     if not isinstance(mesh, Mesh | AbstractMesh):
         raise ValueError(
@@ -220,12 +257,14 @@ def measure(
     mem = compiled.memory_analysis()
     cost = compiled.cost_analysis()
     cost = (cost[0] if isinstance(cost, list | tuple) and cost else cost) or {}
+    module = parse_hlo(compiled.as_text())
+    flops, known = matmul_flops(module)
     kinds: dict[str, dict[str, float]] = {}
     notes: tuple[str, ...] = ()
     if report is not None:
-        kinds, notes = normalise(
-            report, zero_axis=zero_axis, promoted=_promoted(compiled.as_text())
-        )
+        kinds, notes = normalise(report, zero_axis=zero_axis, promoted=_promoted(module))
+    if not known:
+        notes += ("some loop trip counts are unknown: their matmul FLOPs are counted once",)
     return Measurement(
         mesh={str(k): int(v) for k, v in dict(mesh.shape).items()},
         abstract=abstract,
@@ -233,7 +272,8 @@ def measure(
         output_bytes=int(mem.output_size_in_bytes),
         alias_bytes=int(mem.alias_size_in_bytes),
         temp_bytes=int(mem.temp_size_in_bytes),
-        flops=cost.get("flops"),
+        flops=flops,
+        xla_flops=cost.get("flops"),
         collectives=kinds,
         notes=notes,
         compile_seconds=seconds,
