@@ -12,10 +12,11 @@ model, per device and per optimizer step:
   reduce-scatters gradients per micro-batch (ZeRO-3), or reduce-scatters gradients and
   all-gathers updated weights once per step (ZeRO-1); "data" all-reduces the gradient shard
   once per step; Megatron tensor parallelism all-reduces a b x s x h activation twice per block
-  forward and twice backward (+2 when "block" remat reruns the forward pass); a pipeline sends
+  forward and once per column-parallel kernel backward (`_tp_all_reduces`); a pipeline sends
   one activation forward and one gradient back per micro-batch;
-* compute: executed FLOPs (6 per parameter per token + 12 x s x heads x head_dim per layer
-  per token for attention, x 4/3 for the blocks under "block" remat) / (peak x mfu_ceiling);
+* compute: executed FLOPs (6 per matmul parameter per token + 12 x s x heads x head_dim per
+  layer per token for attention; "block" remat reruns each block's forward pass but for the
+  MLP-down matmul, whose output no gradient needs) / (peak x mfu_ceiling);
 * step time: pipeline (compute + tensor all-reduces + sends) x (m + p - 1)/m, plus the part
   of the data-parallel and FSDP traffic that compute cannot hide (a share `Hardware.overlap`
   of it hides: per-micro-batch ZeRO-3 traffic behind the whole step, the once-per-step
@@ -50,6 +51,7 @@ from shardkit.plan.memory import (
 from shardkit.plan.workload import Dense, Transformer
 
 AXIS_ORDER = ("stage", "data", "fsdp", "tensor")  # outermost first, as in the mesh
+_COUNTERS = 8  # the train state's step and the optimizer's count, int32 each
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,7 +122,8 @@ class Candidate:
 
     @property
     def argument_bytes(self) -> float:
-        return self.param_bytes + self.opt_bytes + self.input_bytes
+        """Params + optimizer state + batch + the step counters (int32 step and Adam count)."""
+        return self.param_bytes + self.opt_bytes + self.input_bytes + _COUNTERS
 
     @property
     def temp_bytes(self) -> float:
@@ -253,6 +256,11 @@ def evaluate(
     peak = hw.peak(prec.compute_dtype)
 
     if isinstance(workload, Transformer):
+        if workload.heads % tensor or workload.ff % tensor:
+            raise ValueError(
+                f"tensor={tensor} does not divide heads={workload.heads} and d_ff="
+                f"{workload.ff}; fix: a tensor degree that divides both."
+            )
         if workload.layers % stage:
             raise ValueError(
                 f"layers={workload.layers} is not divisible by stage={stage}; fix: a stage "
@@ -280,14 +288,16 @@ def evaluate(
         else:
             gathered = 0.0
         tokens = w.batch * w.seq / replicas
-        recompute = 4 / 3 if remat == "block" else 1.0
         layer_flops = 6 * w.layer_matmul_params() + 12 * w.seq * w.q_width
+        if remat == "block":  # the forward pass again, but for the MLP-down matmul, whose
+            # output only feeds the block output (dead code when recomputing gradients' inputs)
+            down = (w.layer_matmul_params() - w.d_model * w.ff) * 2
+            layer_flops += down + 4 * w.seq * w.q_width
         head_flops = 6 * w.d_model * w.vocab
-        flops = tokens * (local_layers * layer_flops * recompute + head_flops) / tensor
+        flops = tokens * (local_layers * layer_flops + head_flops) / tensor
         model_flops = w.tokens * w.model_flops_per_token()
         act_bytes_tp = c * w.seq * b * w.d_model
-        tp_per_layer = 4 + (2 if remat == "block" else 0)
-        tp_count = (local_layers * tp_per_layer + 2) * m
+        tp_count = (local_layers * _tp_all_reduces(w, remat) + 2) * m
         gather_calls = local_layers + 1  # each block, then embedding and head together
     else:
         w = workload
@@ -335,6 +345,8 @@ def evaluate(
         add("all-gather", n_stage * wb, 1, "fsdp", fsdp, tensor)
     add("all-reduce", weights_c / max(fsdp, 1), 1, "data", data, tensor * fsdp)
     add("all-reduce", act_bytes_tp, tp_count, "tensor", tensor, 1)
+    if isinstance(w, Transformer):  # vocab-parallel softmax: max, sum and target logit (f32)
+        add("all-reduce", 4 * w.seq * b, 3 * m, "tensor", tensor, 1)
     add("collective-permute", act_bytes_tp, 2 * m, "stage", stage, tensor * fsdp * data)
 
     # -- time -----------------------------------------------------------------------------
@@ -371,6 +383,19 @@ def evaluate(
         update_time=update, step_time=step, mfu=model_flops / (step * devices * peak),
         hfu=flops / (step * peak), bottleneck=bottleneck,
     )  # fmt: skip
+
+
+def _tp_all_reduces(w: Transformer, remat: str) -> int:
+    """b x s x h all-reduces per block per micro-batch under Megatron tensor parallelism.
+
+    Forward: after the attention output and the MLP-down row-parallel matmuls (2). Backward:
+    the input gradients of the column-parallel q/k/v and MLP-up (and gate) matmuls are partial
+    sums, one all-reduce per kernel (Megatron fuses q/k/v and gate/up: 2; separate kernels, as
+    in shardkit's GPT: 3 + 1 or 2). "block" remat reruns the attention-output all-reduce (the
+    MLP-down one only feeds the block output, dead in the recomputation).
+    """
+    backward = 2 if w.fused_qkv else 3 + (2 if w.gated else 1)
+    return 2 + backward + (1 if remat == "block" else 0)
 
 
 def divisors(n: int) -> list[int]:

@@ -51,6 +51,8 @@ class Transformer:
         tied: output head shares the embedding table.
         positions: a learned position table (s x h).
         norm_params: parameters per norm per channel (1 RMSNorm, 2 LayerNorm with bias).
+        fused_qkv: q/k/v (and gate/up) are one kernel each, as in Megatron-LM: one tensor-
+            parallel all-reduce for their input gradient instead of one per kernel.
         attention: "flash" (no s x s tensors kept) or "naive" (softmax probabilities kept, as
             shardkit's `GPT` computes them).
         dropout: dropout masks kept for the backward pass (1 byte per element).
@@ -82,6 +84,7 @@ class Transformer:
     tied: bool = False
     positions: bool = False
     norm_params: int = 1
+    fused_qkv: bool = True
     attention: Literal["flash", "naive"] = "flash"
     dropout: bool = False
     precision: Any = "mixed"
@@ -200,8 +203,9 @@ class Transformer:
     def from_gpt_config(cls, cfg: Any, *, batch: int = 8, **changes) -> Transformer:
         """The workload of a shardkit `GPTConfig` trained by shardkit's `Trainer`.
 
-        Learned positions, untied head, RMS norms with a scale only, naive attention, and the
-        Trainer's mixed precision ("shardkit": fp32 weights and Adam moments, bf16 compute).
+        Learned positions, untied head, RMS norms with a scale only, separate q/k/v kernels,
+        naive attention, and the Trainer's mixed precision ("shardkit": fp32 weights and Adam
+        moments, bf16 compute).
 
         Example:
             >>> from shardkit.models import GPTConfig
@@ -221,6 +225,7 @@ class Transformer:
             tied=False,
             norm_params=1,
             attention="naive",
+            fused_qkv=False,
             precision="shardkit",
             remat=cfg.remat,
             logits_bytes=12,
