@@ -318,7 +318,9 @@ def evaluate(
 
     state = model_state_bytes(n_stage, zero=zero, shards=max(fsdp, 1), precision=prec,
                               optimizer=w.optimizer)  # fmt: skip
-    grads = state.grads * (2 if m > 1 and stage == 1 else 1)  # + accumulator
+    # fp32 weights (no master copy): each micro-batch's gradients exist next to the
+    # accumulator; with a master copy they accumulate in place into the main gradient buffer
+    grads = state.grads * (2 if m > 1 and prec.master == 0 else 1)
     if prec.params != c:  # fp32 weights cast to the compute dtype
         gathered += n_stage / (fsdp if zero == 3 else 1) * c
 

@@ -120,6 +120,34 @@ def plan(
     best: dict[tuple, Candidate] = {}
     smallest: Candidate | None = None
     evaluated = 0
+    for c in _variants(w, hw, layouts, policies, allowed, schedule):
+        evaluated += 1
+        if smallest is None or c.peak_bytes < smallest.peak_bytes:
+            smallest = c
+        if not c.fits:
+            continue
+        key = (c.data, c.fsdp, c.tensor, c.stage, c.zero, c.remat)
+        if key not in best or c.step_time < best[key].step_time:
+            best[key] = c
+    if not best:
+        more = _devices_that_fit(w, hw, devices, policies, allowed, schedule, max_stage)
+        raise DoesNotFitError(_no_fit_message(w, hw, devices, smallest, policies, more))
+    fastest: dict[tuple, Candidate] = {}  # one row per layout: its fastest remat policy
+    for key, c in best.items():
+        if key[:5] not in fastest or c.step_time < fastest[key[:5]].step_time:
+            fastest[key[:5]] = c
+    best = fastest
+    ranked = sorted(best.values(), key=lambda c: c.step_time)
+    return Plan(workload=w, hardware=hw, devices=devices, candidates=ranked,
+                evaluated=evaluated)  # fmt: skip
+
+
+def _variants(w, hw, layouts, policies, allowed, schedule):
+    """Every (layout, ZeRO stage, remat, micro-batch count) candidate, costed.
+
+    Without a pipeline only the fewest micro-batches that fit are kept per policy: more of
+    them only repeat FSDP traffic.
+    """
     for d, f, t, p in layouts:
         per_replica = w.batch // (d * f)
         ms = [m for m in divisors(per_replica) if p == 1 or m >= p]
@@ -130,21 +158,18 @@ def plan(
                 for m in ms:
                     c = evaluate(w, hw, data=d, fsdp=f, tensor=t, stage=p, zero=z,
                                  microbatches=m, remat=policy, schedule=schedule)  # fmt: skip
-                    evaluated += 1
-                    if smallest is None or c.peak_bytes < smallest.peak_bytes:
-                        smallest = c
-                    if not c.fits:
-                        continue
-                    key = (d, f, t, p, z)
-                    if key not in best or c.step_time < best[key].step_time:
-                        best[key] = c
-                    if p == 1:
-                        break  # more accumulation steps only add FSDP traffic
-    if not best:
-        raise DoesNotFitError(_no_fit_message(w, hw, devices, smallest, policies))
-    ranked = sorted(best.values(), key=lambda c: c.step_time)
-    return Plan(workload=w, hardware=hw, devices=devices, candidates=ranked,
-                evaluated=evaluated)  # fmt: skip
+                    yield c
+                    if p == 1 and c.fits:
+                        break
+
+
+def _devices_that_fit(w, hw, n, policies, allowed, schedule, max_stage) -> int | None:
+    """The smallest n x 2^k (k <= 6) device count on which some layout fits, or None."""
+    for k in range(1, 7):
+        layouts = _layouts(w, n << k, max_stage)
+        if any(c.fits for c in _variants(w, hw, layouts, policies, allowed, schedule)):
+            return n << k
+    return None
 
 
 def _no_layout_message(w, n: int) -> str:
@@ -167,23 +192,23 @@ def _gb(x: float) -> str:
     return f"{x / 1e9:,.1f} GB"
 
 
-def _no_fit_message(w, hw: Hardware, n: int, smallest: Candidate | None, policies) -> str:
+def _no_fit_message(w, hw: Hardware, n: int, smallest, policies, more: int | None) -> str:
     budget = hw.usable_bytes
     state3 = model_state_bytes(w.n_params(), zero=3, shards=n, precision=w.precision,
                                optimizer=w.optimizer).total  # fmt: skip
     need = smallest.peak_bytes if smallest else state3
     fixes = []
+    fit = f"a layout fits on {more} devices" if more else f"no layout fits on up to {n << 6}"
     if state3 > budget:
-        per_dev = state3 * n  # total state bytes
-        more = 2 ** math.ceil(math.log2(per_dev / budget))
+        state_devices = 2 ** math.ceil(math.log2(state3 * n / budget))
         fixes.append(
             f"more devices: the model state alone (ZeRO-3 over all {n}) is {_gb(state3)} per "
-            f"device; at least {more} devices for the state"
+            f"device, so the state alone needs at least {state_devices} devices; {fit}"
         )
     else:
         fixes.append(
             f"more devices (ZeRO-3 state over {n} is {_gb(state3)}; the rest is activations, "
-            "split further by tensor or pipeline degrees)"
+            f"split further by tensor or pipeline degrees): {fit}"
         )
     if "block" not in policies:
         fixes.append("remat='block' (keeps one block input per layer)")
