@@ -202,7 +202,7 @@ def _stage_params(w: Transformer, stage: int, tensor: int) -> float:
     """Parameters on the most loaded device of a (stage, tensor) shard."""
     t, h = tensor, w.d_model
     norms = 2 * w.norm_params * h
-    blocks = w.layers // stage * ((w.layer_matmul_params()) / t + norms)
+    blocks = -(-w.layers // stage) * (w.layer_matmul_params() / t + norms)  # busiest stage
     embed = w.vocab * h / t + (w.seq * h if w.positions else 0)
     head_table = w.vocab * h / t if (not w.tied or stage > 1) else 0
     head = w.norm_params * h + head_table
@@ -261,14 +261,14 @@ def evaluate(
                 f"tensor={tensor} does not divide heads={workload.heads} and d_ff="
                 f"{workload.ff}; fix: a tensor degree that divides both."
             )
-        if workload.layers % stage:
+        if workload.layers % stage and not workload.uneven_stages:
             raise ValueError(
                 f"layers={workload.layers} is not divisible by stage={stage}; fix: a stage "
-                "degree that divides the layer count."
+                "degree that divides the layer count, or Transformer(uneven_stages=True)."
             )
         w = workload
         n_stage = _stage_params(w, stage, tensor)
-        local_layers = w.layers // stage
+        local_layers = -(-w.layers // stage)  # the busiest stage
         layer_t = w.layer_matmul_params() / tensor + 2 * w.norm_params * w.d_model
         per_layer = layer_activation_bytes(w, micro_batch=b, tensor=tensor, remat=remat)
         in_flight = in_flight_microbatches(schedule, stage, m)

@@ -176,6 +176,13 @@ PROFILES: dict[str, Hardware] = {
         domain=8, topology="switch", mfu_ceiling=0.39,
         source="GK (datasheet), SB-g, nccl-tests#212/#290",
     ),
+    "h100-96gb": Hardware(
+        name="h100-96gb", description="NVIDIA H100 96GB HBM2e at 500 W (torchtitan's benchmarks)",
+        peak_flops={"bf16": 989 * _T, "fp16": 989 * _T, "fp8": 1979 * _T, "fp32": 67 * _T},
+        hbm_bytes=96 * _GB, hbm_bw=2.4 * _T, intra_bw=450 * _GB, inter_bw=50 * _GB,
+        domain=8, topology="switch", mfu_ceiling=0.39,
+        source="torchtitan benchmarks/llama3_h100_202412 (peak between SXM and NVL: SXM used)",
+    ),
     "h200": Hardware(
         name="h200", description="NVIDIA H200 SXM 141GB, 8 per NVSwitch node",
         peak_flops={"bf16": 989 * _T, "fp16": 989 * _T, "fp8": 1979 * _T, "fp32": 67 * _T},

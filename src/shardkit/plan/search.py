@@ -57,7 +57,7 @@ def _layouts(w: Transformer | Dense, n: int, max_stage: int | None):
         for p in divisors(n // t):
             if (isinstance(w, Dense) and p > 1) or (max_stage and p > max_stage):
                 continue
-            if isinstance(w, Transformer) and w.layers % p:
+            if isinstance(w, Transformer) and w.layers % p and not w.uneven_stages:
                 continue
             for f in divisors(n // (t * p)):
                 d = n // (t * p * f)

@@ -51,6 +51,8 @@ class Transformer:
         tied: output head shares the embedding table.
         positions: a learned position table (s x h).
         norm_params: parameters per norm per channel (1 RMSNorm, 2 LayerNorm with bias).
+        uneven_stages: pipeline stages may hold ceil(L / p) layers when p does not divide L
+            (Megatron-LM and torchtitan allow it; shardkit's pipeline needs L % p == 0).
         fused_qkv: q/k/v (and gate/up) are one kernel each, as in Megatron-LM: one tensor-
             parallel all-reduce for their input gradient instead of one per kernel.
         attention: "flash" (no s x s tensors kept) or "naive" (softmax probabilities kept, as
@@ -85,6 +87,7 @@ class Transformer:
     positions: bool = False
     norm_params: int = 1
     fused_qkv: bool = True
+    uneven_stages: bool = False
     attention: Literal["flash", "naive"] = "flash"
     dropout: bool = False
     precision: Any = "mixed"
