@@ -82,7 +82,8 @@ class Candidate:
         compute_time, bubble_time, exposed_comm_time, update_time, step_time: seconds.
         mfu: model FLOPs / (step time x devices x peak).
         hfu: executed FLOPs / (step time x peak), busiest device.
-        bottleneck: what limits the step, in words.
+        bottleneck: the largest of compute, tensor all-reduces, pipeline bubble, pipeline
+            sends and fsdp/data traffic (before overlap), in words.
     """
 
     data: int
@@ -371,7 +372,7 @@ def evaluate(
         "tensor all-reduces": times["tensor"],
         "pipeline bubble": bubble,
         "pipeline sends": times["stage"],
-        "fsdp/data communication": exposed,
+        "fsdp/data communication": times["fsdp"] + times["data"],  # before overlap
     }
     bottleneck = max(parts, key=parts.get)
     return Candidate(
