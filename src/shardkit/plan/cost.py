@@ -299,6 +299,7 @@ def evaluate(
         model_flops = w.tokens * w.model_flops_per_token()
         act_bytes_tp = c * w.seq * b * w.d_model
         tp_count = (local_layers * _tp_all_reduces(w, remat) + 2) * m
+        block_c = local_layers * layer_t * c  # the scanned blocks' share of the weights
         gather_calls = local_layers + 1  # each block, then embedding and head together
     else:
         w = workload
@@ -315,6 +316,7 @@ def evaluate(
         flops = w.flops_per_example * w.batch / replicas
         model_flops = w.flops_per_example * w.batch
         act_bytes_tp, tp_count = 0.0, 0
+        block_c = float(w.params) * c
         gather_calls = max(w.layers, 1)
 
     state = model_state_bytes(n_stage, zero=zero, shards=max(fsdp, 1), precision=prec,
@@ -340,7 +342,11 @@ def evaluate(
     if fsdp > 1 and zero == 3:  # gathered and reduced one layer at a time
         passes = 1 if remat == "none" else 2
         calls = gather_calls
-        add("all-gather", weights_c / calls, passes * m * calls, "fsdp", fsdp, tensor)
+        # the blocks are gathered again when remat recomputes them; the embedding, head and
+        # final norm live outside the scanned, rematerialised blocks and are gathered once
+        blocks = calls - 1 if isinstance(w, Transformer) else calls
+        add("all-gather", block_c / blocks, passes * m * blocks, "fsdp", fsdp, tensor)
+        add("all-gather", weights_c - block_c, m, "fsdp", fsdp, tensor)
         add("reduce-scatter", weights_c / calls, m * calls, "fsdp", fsdp, tensor)
         per_micro["all-gather"] = times["fsdp"]
     elif fsdp > 1:
