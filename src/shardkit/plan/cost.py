@@ -4,9 +4,10 @@
 model, per device and per optimizer step:
 
 * memory: model state per ZeRO stage over "fsdp" (`memory.model_state_bytes`), activations per
-  remat policy times the micro-batches the first pipeline stage holds, gathered weights (FSDP
-  gathers one layer at a time; without remat the gathered weights stay alive until the
-  backward pass), the compute-dtype copy of fp32 weights, logits at the loss, the batch;
+  remat policy times the micro-batches the first pipeline stage holds, plus the block being
+  differentiated (its residuals, recomputed under remat, and their cotangents), gathered
+  weights (FSDP gathers one layer at a time; without remat the gathered weights stay alive
+  until the backward pass), the compute-dtype copy of fp32 weights, logits at the loss, the batch;
 * communication (bytes moved per device, `comm.bytes_moved`): FSDP all-gathers weights in the
   forward pass (and again in the backward pass when remat recomputes the block) and
   reduce-scatters gradients per micro-batch (ZeRO-3), or reduce-scatters gradients and
@@ -224,6 +225,7 @@ def evaluate(
     microbatches: int | None = None,
     remat: str | None = None,
     schedule: str = "1f1b",
+    dot_bytes: int | None = None,
 ) -> Candidate:
     """Predicts memory, communication, compute and step time for one layout.
 
@@ -235,6 +237,9 @@ def evaluate(
         microbatches: m; default the stage degree (1 without a pipeline).
         remat: "none", "dots" or "block"; default the workload's ("auto" -> "none").
         schedule: "1f1b" or "gpipe" when stage > 1.
+        dot_bytes: bytes per matmul output kept under "dots" remat (default
+            `Hardware.dot_output_bytes`, else the compute dtype; 4 predicts XLA:CPU, which
+            runs bf16 matmuls in f32 and keeps f32 outputs).
 
     Raises:
         ValueError: when the batch is not divisible by data x fsdp x microbatches, or the
@@ -271,14 +276,15 @@ def evaluate(
         n_stage = _stage_params(w, stage, tensor)
         local_layers = -(-w.layers // stage)  # the busiest stage
         layer_t = w.layer_matmul_params() / tensor + 2 * w.norm_params * w.d_model
-        per_layer = layer_activation_bytes(w, micro_batch=b, tensor=tensor, remat=remat)
+        per_layer = layer_activation_bytes(
+            w, micro_batch=b, tensor=tensor, remat=remat, dot_bytes=dot_bytes or hw.dot_output_bytes
+        )
         in_flight = in_flight_microbatches(schedule, stage, m)
         stored = per_layer * local_layers * in_flight
-        working = (
-            layer_activation_bytes(w, micro_batch=b, tensor=tensor, remat="none")
-            if remat != "none"
-            else 0.0
-        )
+        # the block being differentiated: its residuals (recomputed under remat) and their
+        # cotangents, about as large again
+        full = layer_activation_bytes(w, micro_batch=b, tensor=tensor, remat="none")
+        working = full * (2 if remat != "none" else 1)
         activations = stored + working
         logits = w.logits_bytes * w.seq * b * w.vocab / tensor + 2 * c * w.seq * b * w.d_model
         inputs = w.input_bytes_per_token * w.seq * b * m
@@ -356,6 +362,7 @@ def evaluate(
     add("all-reduce", act_bytes_tp, tp_count, "tensor", tensor, 1)
     if isinstance(w, Transformer):  # vocab-parallel softmax: max, sum and target logit (f32)
         add("all-reduce", 4 * w.seq * b, 3 * m, "tensor", tensor, 1)
+    add("all-reduce", 4, 1, "data", replicas, tensor)  # the loss, averaged over the batch
     add("collective-permute", act_bytes_tp, 2 * m, "stage", stage, tensor * fsdp * data)
 
     # -- time -----------------------------------------------------------------------------

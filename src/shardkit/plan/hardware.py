@@ -77,6 +77,8 @@ class Hardware:
         mfu_ceiling: share of peak a matmul-bound step reaches without communication.
         memory_fraction: share of `hbm_bytes` a plan may use (the rest: runtime, fragmentation).
         overlap: share of data-parallel/FSDP communication hidden behind compute (1 = fully).
+        dot_output_bytes: bytes of a bf16 matmul's output as the compiler keeps it (None: the
+            compute dtype; XLA:CPU runs bf16 matmuls in f32 and keeps f32 outputs: 4).
         source: where the figures come from.
     """
 
@@ -96,6 +98,7 @@ class Hardware:
     mfu_ceiling: float = 0.5
     memory_fraction: float = 0.9
     overlap: float = 0.9
+    dot_output_bytes: int | None = None
     source: str = ""
 
     def __post_init__(self):
@@ -235,7 +238,8 @@ PROFILES: dict[str, Hardware] = {
         peak_flops={"bf16": 166 * _GB, "fp32": 166 * _GB},
         hbm_bytes=24 * 2**30, hbm_bw=20 * _GB, intra_bw=10 * _GB, inter_bw=10 * _GB,
         domain=1 << 20, topology="host", latency_intra=20e-6, eff_intra=1.0, eff_inter=1.0,
-        mfu_ceiling=0.3, source="lscpu on this machine (2 cores x 2.6 GHz x 32 FLOP/cycle)",
+        mfu_ceiling=0.3, dot_output_bytes=4,
+        source="lscpu on this machine (2 cores x 2.6 GHz x 32 FLOP/cycle)",
     ),
 }  # fmt: skip
 

@@ -175,6 +175,7 @@ def layer_activation_bytes(
     tensor: int = 1,
     remat: str = "none",
     sequence_parallel: bool = False,
+    dot_bytes: int | None = None,
 ) -> float:
     """Bytes one transformer block keeps for its backward pass, per device, per micro-batch.
 
@@ -184,6 +185,7 @@ def layer_activation_bytes(
         tensor: tensor-parallel degree (t).
         remat: "none", "dots" or "block" (see the module docstring).
         sequence_parallel: split the block and norm inputs over `tensor` too (Megatron SP).
+        dot_bytes: bytes per matmul output kept under "dots" (see `activation_terms`).
 
     Example:
         >>> from shardkit.plan.workload import Transformer
@@ -191,16 +193,21 @@ def layer_activation_bytes(
         >>> layer_activation_bytes(w, micro_batch=1) / (512 * 1024)  # sbh x 32, + f32 LSE
         32.0625
     """
-    repl, split = activation_terms(w, micro_batch=micro_batch, remat=remat)
+    repl, split = activation_terms(w, micro_batch=micro_batch, remat=remat, dot_bytes=dot_bytes)
     return repl / (tensor if sequence_parallel else 1) + split / tensor
 
 
-def activation_terms(w: Any, *, micro_batch: int, remat: str = "none") -> tuple[float, float]:
+def activation_terms(
+    w: Any, *, micro_batch: int, remat: str = "none", dot_bytes: int | None = None
+) -> tuple[float, float]:
     """(replicated, splittable) bytes a block keeps per micro-batch, before tensor parallelism.
 
     "replicated" are the block and norm inputs/outputs that Megatron tensor parallelism leaves
     whole on every device of the tensor axis (sequence parallelism splits them); "splittable"
     are the per-head and per-F-column tensors, split over the tensor axis.
+
+    `dot_bytes` is the size of a matmul output kept under "dots" (default: the compute
+    dtype; XLA:CPU runs bf16 matmuls in f32 and keeps f32 outputs, 4).
 
     Raises:
         ValueError: for an unknown remat policy.
@@ -219,10 +226,11 @@ def activation_terms(w: Any, *, micro_batch: int, remat: str = "none") -> tuple[
             core = c * s2 + ((1 + c) * s2 if w.dropout else 0)  # probs (+ mask, dropped)
         return float(repl), float(c * qkv + c * tok * w.q_width + mlp + core)
     if remat == "dots":
-        repl = 3 * c * tok * h  # block input, attention-out and MLP-down matmul outputs
-        mlp = (2 if w.gated else 1) * c * tok * f
-        core = c * s2 if w.attention == "naive" else 0  # the scores matmul
-        return float(repl), float(c * qkv + c * tok * w.q_width + mlp + core)
+        d = dot_bytes or c
+        repl = c * tok * h + 2 * d * tok * h  # block input, attention-out and MLP-down outputs
+        mlp = (2 if w.gated else 1) * d * tok * f
+        core = d * s2 if w.attention == "naive" else 0  # the scores matmul
+        return float(repl), float(d * qkv + d * tok * w.q_width + mlp + core)
     if remat == "block":
         return float(c * tok * h), 0.0
     raise ValueError(f"unknown remat policy {remat!r}; fix: 'none', 'dots' or 'block'.")

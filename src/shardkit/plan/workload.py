@@ -63,7 +63,8 @@ class Transformer:
         optimizer: "adam"/"adamw" (two fp32 moments), "sgd" (momentum) or "none".
         remat: "auto" (the search chooses), "none", "dots" or "block".
         logits_bytes: bytes held per output logit at the loss (4: one f32 array, a fused
-            cross-entropy; shardkit's `lm_loss` keeps about 12).
+            cross-entropy; shardkit's `lm_loss` holds f32 logits, log-probabilities, one-hot
+            targets and their cotangents: about 24).
         input_bytes_per_token: bytes of the batch per token (shardkit's LM batch: int32
             inputs and targets + f32 mask = 12).
 
@@ -206,9 +207,9 @@ class Transformer:
     def from_gpt_config(cls, cfg: Any, *, batch: int = 8, **changes) -> Transformer:
         """The workload of a shardkit `GPTConfig` trained by shardkit's `Trainer`.
 
-        Learned positions, untied head, RMS norms with a scale only, separate q/k/v kernels,
-        naive attention, and the Trainer's mixed precision ("shardkit": fp32 weights and Adam
-        moments, bf16 compute).
+        Learned positions, untied head, RMS norms with a scale only, separate q/k/v kernels, an
+        unfused loss, naive attention, and the Trainer's mixed precision ("shardkit": fp32
+        weights and Adam moments, bf16 compute).
 
         Example:
             >>> from shardkit.models import GPTConfig
@@ -231,7 +232,7 @@ class Transformer:
             fused_qkv=False,
             precision="shardkit",
             remat=cfg.remat,
-            logits_bytes=12,
+            logits_bytes=24,
             batch=batch,
         )
         kw.update(changes)
