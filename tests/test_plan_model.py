@@ -288,6 +288,15 @@ def test_model_that_fits_nowhere_says_by_how_much_and_what_fits():
     assert plan("llama3-405b", devices=256, hardware="h100", batch=8).best.fits
 
 
+def test_presets_have_their_published_sizes():
+    sizes = {"gpt2-1.5b": 1.56, "gpt3-175b": 174.6, "llama3-8b": 8.03, "llama3-70b": 70.55,
+             "llama3-405b": 405.85}  # fmt: skip
+    for name, billions in sizes.items():
+        assert preset(name).n_params() / 1e9 == pytest.approx(billions, abs=0.01), name
+    assert Transformer.gpt3_175b(batch=64) == preset("gpt3-175b", batch=64)
+    assert preset("resnet50").n_params() == 25_557_032
+
+
 def test_bad_workload_values():
     with pytest.raises(ValueError, match="fix: remat='auto'"):
         Transformer(layers=2, d_model=64, heads=4, vocab=8, seq=8, remat="sometimes")

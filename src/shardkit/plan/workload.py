@@ -204,6 +204,31 @@ class Transformer:
         return preset(name, **changes)
 
     @classmethod
+    def gpt2_1_5b(cls, **changes) -> Transformer:
+        """GPT-2 XL, 1.5B parameters (see the module docstring)."""
+        return preset("gpt2-1.5b", **changes)
+
+    @classmethod
+    def gpt3_175b(cls, **changes) -> Transformer:
+        """GPT-3, 175B parameters, batch 1536 x 2048 tokens."""
+        return preset("gpt3-175b", **changes)
+
+    @classmethod
+    def llama3_8b(cls, **changes) -> Transformer:
+        """Llama 3 8B (GQA, SwiGLU, 8k sequences)."""
+        return preset("llama3-8b", **changes)
+
+    @classmethod
+    def llama3_70b(cls, **changes) -> Transformer:
+        """Llama 3 70B."""
+        return preset("llama3-70b", **changes)
+
+    @classmethod
+    def llama3_405b(cls, **changes) -> Transformer:
+        """Llama 3 405B."""
+        return preset("llama3-405b", **changes)
+
+    @classmethod
     def from_gpt_config(cls, cfg: Any, *, batch: int = 8, **changes) -> Transformer:
         """The workload of a shardkit `GPTConfig` trained by shardkit's `Trainer`.
 
