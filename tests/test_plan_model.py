@@ -144,6 +144,20 @@ def test_pipeline_bubble_and_in_flight_microbatches():
     assert one.activation_bytes == pytest.approx(per_layer * 6 * 16 + work)  # 16 in flight
     assert gp.activation_bytes == pytest.approx(per_layer * 6 * 192 + work)  # all 192
     assert one.bubble_time / one.step_time < 15 / (192 + 15)
+    # interleaved 1F1B with v = 2 chunks per device: bubble (p-1)/(v m + p-1), twice the sends,
+    # activations x (1 + (p-1)/(p v)) (Narayanan et al. 2021)
+    il = evaluate(w, "a100", data=8, tensor=8, stage=16, microbatches=192, remat="block",
+                  schedule="interleaved", virtual=2)  # fmt: skip
+    busy = one.step_time - one.bubble_time - one.exposed_comm_time - one.update_time
+    assert one.bubble_time == pytest.approx(busy * 15 / 192)
+    busy = il.step_time - il.bubble_time - il.exposed_comm_time - il.update_time
+    assert il.bubble_time == pytest.approx(busy * 15 / (2 * 192))
+    sends = "collective-permute"
+    assert il.collectives[sends] == pytest.approx(2 * one.collectives[sends])
+    assert il.activation_bytes - work == pytest.approx(per_layer * 6 * 16 * (1 + 15 / 32))
+    assert il.layout == "stage=16 data=8 tensor=8 (interleaved x2)"
+    with pytest.raises(ValueError, match="multiple of the stage degree"):
+        evaluate(w, "a100", data=8, tensor=8, stage=16, microbatches=24, schedule="interleaved")
 
 
 # -- scaling book ------------------------------------------------------------------------------

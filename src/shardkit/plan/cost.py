@@ -66,7 +66,7 @@ class Candidate:
         microbatches: m, micro-batches per step (gradient accumulation or pipeline).
         micro_batch: b, sequences (examples) per micro-batch per device.
         remat: "none", "dots" or "block".
-        schedule: pipeline schedule ("1f1b", "gpipe"); "" without a pipeline.
+        schedule: pipeline schedule ("1f1b", "gpipe", "interleaved"); "" without a pipeline.
         param_bytes, grad_bytes, opt_bytes: model state per device.
         activation_bytes: activations kept for the backward pass (+ one recomputed block).
         gathered_bytes: weights gathered or cast for compute (FSDP, fp32 -> bf16 copies).
@@ -83,6 +83,7 @@ class Candidate:
         compute_time, bubble_time, exposed_comm_time, update_time, step_time: seconds.
         mfu: model FLOPs / (step time x devices x peak).
         hfu: executed FLOPs / (step time x peak), busiest device.
+        virtual: model chunks per device under the interleaved schedule (1 otherwise).
         bottleneck: the largest of compute, tensor all-reduces, pipeline bubble, pipeline
             sends and fsdp/data traffic (before overlap), in words.
     """
@@ -116,6 +117,7 @@ class Candidate:
     mfu: float
     hfu: float
     bottleneck: str
+    virtual: int = 1
 
     # -- derived ----------------------------------------------------------------------------
     @property
@@ -149,6 +151,8 @@ class Candidate:
     def layout(self) -> str:
         """`fsdp=32 tensor=8`-style label with the ZeRO stage when it is not 3."""
         text = " ".join(f"{k}={v}" for k, v in self.mesh_axes.items())
+        if self.virtual > 1:
+            text += f" (interleaved x{self.virtual})"
         return text + (" (ZeRO-1)" if self.fsdp > 1 and self.zero == 1 else "")
 
     def strategy(self):
@@ -225,6 +229,7 @@ def evaluate(
     microbatches: int | None = None,
     remat: str | None = None,
     schedule: str = "1f1b",
+    virtual: int = 1,
     dot_bytes: int | None = None,
 ) -> Candidate:
     """Predicts memory, communication, compute and step time for one layout.
@@ -236,7 +241,10 @@ def evaluate(
         zero: 3 or 1 over "fsdp" (ignored when fsdp == 1).
         microbatches: m; default the stage degree (1 without a pipeline).
         remat: "none", "dots" or "block"; default the workload's ("auto" -> "none").
-        schedule: "1f1b" or "gpipe" when stage > 1.
+        schedule: "1f1b", "gpipe" or "interleaved" (Megatron's interleaved 1F1B, `virtual`
+            model chunks per device: bubble (p-1)/(v m + p-1), v x the sends, activations x
+            (1 + (p-1)/(p v))) when stage > 1.
+        virtual: chunks per device for "interleaved" (>= 2).
         dot_bytes: bytes per matmul output kept under "dots" remat (default
             `Hardware.dot_output_bytes`, else the compute dtype; 4 predicts XLA:CPU, which
             runs bf16 matmuls in f32 and keeps f32 outputs).
@@ -255,6 +263,19 @@ def evaluate(
             f"{data} x {fsdp} x {m}; fix: a batch that is a multiple of {replicas * m}."
         )
     b = workload.batch // (replicas * m)
+    v = virtual if (schedule == "interleaved" and stage > 1) else 1
+    layers = getattr(workload, "layers", 0)
+    if v > 1 and layers % (stage * v) and not getattr(workload, "uneven_stages", False):
+        raise ValueError(
+            f"layers={layers} is not divisible by stage x virtual = {stage} x {v}; fix: a "
+            "virtual degree that divides layers / stage, or Transformer(uneven_stages=True)."
+        )
+    if schedule == "interleaved" and stage > 1 and (v < 2 or m % stage):
+        raise ValueError(
+            f"interleaved schedule with virtual={virtual}, microbatches={m}, stage={stage}: "
+            "needs virtual >= 2 and microbatches a multiple of the stage degree (Megatron); "
+            f"fix: virtual=2, microbatches={max(stage, m // stage * stage)}."
+        )
     zero = zero if fsdp > 1 else 0
     prec = get_precision(workload.precision)
     c = prec.compute
@@ -279,7 +300,7 @@ def evaluate(
         per_layer = layer_activation_bytes(
             w, micro_batch=b, tensor=tensor, remat=remat, dot_bytes=dot_bytes or hw.dot_output_bytes
         )
-        in_flight = in_flight_microbatches(schedule, stage, m)
+        in_flight = in_flight_microbatches(schedule, stage, m, v)
         stored = per_layer * local_layers * in_flight
         # the block being differentiated: its residuals (recomputed under remat) and their
         # cotangents, about as large again
@@ -363,12 +384,12 @@ def evaluate(
     if isinstance(w, Transformer):  # vocab-parallel softmax: max, sum and target logit (f32)
         add("all-reduce", 4 * w.seq * b, 3 * m, "tensor", tensor, 1)
     add("all-reduce", 4, 1, "data", replicas, tensor)  # the loss, averaged over the batch
-    add("collective-permute", act_bytes_tp, 2 * m, "stage", stage, tensor * fsdp * data)
+    add("collective-permute", act_bytes_tp, 2 * m * v, "stage", stage, tensor * fsdp * data)
 
     # -- time -----------------------------------------------------------------------------
     compute = flops / (peak * hw.mfu_ceiling)
     core_work = compute + times["tensor"] + times["stage"]
-    core = core_work / (1 - bubble_fraction(stage, m))  # x (m + p - 1) / m
+    core = core_work / (1 - bubble_fraction(stage, m, v))  # x (v m + p - 1) / (v m)
     bubble = core - core_work
     # ZeRO-3 traffic recurs per micro-batch and overlaps the whole step; the once-per-step
     # gradient reduction (and ZeRO-1's gather) waits for the last micro-batch's backward
@@ -397,7 +418,7 @@ def evaluate(
         comm_time={k: v for k, v in times.items() if v}, flops=flops, model_flops=model_flops,
         compute_time=compute, bubble_time=bubble, exposed_comm_time=exposed,
         update_time=update, step_time=step, mfu=model_flops / (step * devices * peak),
-        hfu=flops / (step * peak), bottleneck=bottleneck,
+        hfu=flops / (step * peak), bottleneck=bottleneck, virtual=v,
     )  # fmt: skip
 
 

@@ -74,6 +74,7 @@ def plan(
     batch: int | None = None,
     remat: str | None = None,
     schedule: str = "1f1b",
+    virtual: int = 2,
     max_stage: int | None = None,
     zero: tuple[int, ...] = (3, 1),
 ) -> Plan:
@@ -87,7 +88,8 @@ def plan(
         batch: global batch in sequences (default: the workload's).
         remat: fix the remat policy ("none", "dots", "block"); default the workload's
             ("auto": the search chooses).
-        schedule: pipeline schedule for stage > 1 ("1f1b" or "gpipe").
+        schedule: pipeline schedule for stage > 1 ("1f1b", "gpipe" or "interleaved").
+        virtual: model chunks per device for the interleaved schedule.
         max_stage: largest pipeline degree to consider (1: no pipeline).
         zero: ZeRO stages allowed over an "fsdp" axis (3 and/or 1); () allows no "fsdp"
             axis (plain data parallelism replicates the state, as Megatron-LM without its
@@ -120,7 +122,8 @@ def plan(
     best: dict[tuple, Candidate] = {}
     smallest: Candidate | None = None
     evaluated = 0
-    for c in _variants(w, hw, layouts, policies, allowed, schedule):
+    sched = (schedule, virtual)
+    for c in _variants(w, hw, layouts, policies, allowed, sched):
         evaluated += 1
         if smallest is None or c.peak_bytes < smallest.peak_bytes:
             smallest = c
@@ -130,7 +133,7 @@ def plan(
         if key not in best or c.step_time < best[key].step_time:
             best[key] = c
     if not best:
-        more = _devices_that_fit(w, hw, devices, policies, allowed, schedule, max_stage)
+        more = _devices_that_fit(w, hw, devices, policies, allowed, sched, max_stage)
         raise DoesNotFitError(_no_fit_message(w, hw, devices, smallest, policies, more))
     fastest: dict[tuple, Candidate] = {}  # one row per layout: its fastest remat policy
     for key, c in best.items():
@@ -142,7 +145,7 @@ def plan(
                 evaluated=evaluated)  # fmt: skip
 
 
-def _variants(w, hw, layouts, policies, allowed, schedule):
+def _variants(w, hw, layouts, policies, allowed, sched):
     """Every (layout, ZeRO stage, remat, micro-batch count) candidate, costed.
 
     Without a pipeline only the fewest micro-batches that fit are kept per policy: more of
@@ -151,23 +154,28 @@ def _variants(w, hw, layouts, policies, allowed, schedule):
     for d, f, t, p in layouts:
         per_replica = w.batch // (d * f)
         ms = [m for m in divisors(per_replica) if p == 1 or m >= p]
+        if p > 1 and sched[0] == "interleaved":
+            ms = [m for m in ms if m % p == 0]
+            if isinstance(w, Transformer) and w.layers % (p * sched[1]) and not w.uneven_stages:
+                continue  # each device holds `virtual` equal chunks of layers
         # ZeRO-3 under a pipeline would gather the weights once per micro-batch: not tried
         zeros = [0] if f == 1 else [z for z in (3, 1) if z in allowed and (z == 1 or p == 1)]
         for z in zeros:
             for policy in policies:
                 for m in ms:
                     c = evaluate(w, hw, data=d, fsdp=f, tensor=t, stage=p, zero=z,
-                                 microbatches=m, remat=policy, schedule=schedule)  # fmt: skip
+                                 microbatches=m, remat=policy, schedule=sched[0],
+                                 virtual=sched[1])  # fmt: skip
                     yield c
                     if p == 1 and c.fits:
                         break
 
 
-def _devices_that_fit(w, hw, n, policies, allowed, schedule, max_stage) -> int | None:
+def _devices_that_fit(w, hw, n, policies, allowed, sched, max_stage) -> int | None:
     """The smallest n x 2^k (k <= 6) device count on which some layout fits, or None."""
     for k in range(1, 7):
         layouts = _layouts(w, n << k, max_stage)
-        if any(c.fits for c in _variants(w, hw, layouts, policies, allowed, schedule)):
+        if any(c.fits for c in _variants(w, hw, layouts, policies, allowed, sched)):
             return n << k
     return None
 
