@@ -274,6 +274,12 @@ def test_cli_plan_json_and_table(capsys):
                  "--top", "3"]) == 0  # fmt: skip
     out = capsys.readouterr().out
     assert "gpt2-1.5b" in out and "4 x a100" in out and "Why:" in out
+    argv = ["plan", "--model", "gpt3-175b", "--devices", "1024", "--hardware", "a100",
+            "--precision", "megatron", "--zero", "none", "--schedule", "interleaved",
+            "--virtual", "2", "--json"]  # fmt: skip
+    assert main(argv) == 0
+    rows = json.loads(capsys.readouterr().out)["candidates"]
+    assert rows[0]["stage"] > 1 and rows[0]["virtual"] == 2 and rows[0]["zero"] == 0
 
 
 # -- bad input ---------------------------------------------------------------------------------

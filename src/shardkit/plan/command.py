@@ -40,6 +40,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--zero", default="3,1", help="ZeRO stages allowed over fsdp: '3,1', '3', '1' or 'none'"
     )
     parser.add_argument("--max-stage", type=int, default=None, help="largest pipeline degree")
+    parser.add_argument(
+        "--schedule", default="1f1b", choices=["1f1b", "gpipe", "interleaved"],
+        help="pipeline schedule (default 1f1b)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--virtual", type=int, default=2, help="chunks per device for --schedule interleaved"
+    )
     parser.add_argument("--top", type=int, default=8, help="rows to show (default 8)")
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
     parser.add_argument("--verify", action="store_true", help="compile the top layouts and compare")
@@ -73,6 +80,8 @@ def run(args: argparse.Namespace) -> int:
         remat=args.remat,
         max_stage=args.max_stage,
         zero=_zero(args.zero),
+        schedule=args.schedule,
+        virtual=args.virtual,
     )
     if args.json:
         print(result.to_json(top=args.top))
