@@ -11,9 +11,12 @@ book's critical batch sizes), `cost` (one layout -> `Candidate`), `search` (all 
 
 Example:
     >>> import shardkit.plan as sp
-    >>> p = sp.plan("llama3-70b", devices=256, hardware="h100", batch=256)
-    >>> print(p)                      # ranked table + why
-    >>> p.best.strategy()             # Hybrid(fsdp=32, tensor=8)
+    >>> p = sp.plan("llama3-70b", devices=256, hardware="h100", batch=512)
+    >>> p.best.mesh_axes
+    {'data': 2, 'fsdp': 32, 'tensor': 4}
+    >>> text = str(p)  # the ranked table and why the top row wins
+    >>> p.best.strategy().mesh_axes(256) == p.best.mesh_axes
+    True
 """
 
 from shardkit.plan.cost import Candidate as Candidate
