@@ -14,7 +14,8 @@ XLA:CPU is not the GPU/TPU backend, so two of its habits are normalised (both ke
 `Measurement.notes` and in the raw figures):
 
 1. it runs bf16 collectives in f32: a collective whose operand was converted from bf16 just
-   before it, or whose reduction XLA "promoted" from bf16, is counted at 2 bytes per element;
+   before it, whose reduction XLA "promoted" from bf16, or whose result is cast to bf16 by
+   every user (the cast sunk below the collective), is counted at 2 bytes per element;
 2. it reduces gradients of parameters split over the ZeRO mesh axis with an all-reduce followed
    by a slice where GPUs and TPUs emit a reduce-scatter: such an all-reduce (in the backward
    pass, over a group that includes the ZeRO axis) is counted as the reduce-scatter over that
@@ -145,6 +146,44 @@ def matmul_flops(module: Any) -> tuple[float, bool]:
     return total, known
 
 
+def _narrowed_after(module: Any) -> set[str]:
+    """Names of f32 collectives whose every user first converts the result to bf16/f16.
+
+    XLA:CPU sinks the cast of fp32 weights to bf16 below their all-gather (a GPU gathers the
+    bf16 copy); such a collective carries bf16 data.
+    """
+    import re
+
+    users: dict[tuple[str, str], list] = {}
+    for comp, instrs in module.computations.items():
+        for ins in instrs:
+            for op in ins.operands:
+                users.setdefault((comp, op), []).append(ins)
+
+    def narrows(user: Any, name: str) -> bool:
+        if user.opcode == "convert":
+            return bool(user.arrays) and user.arrays[0].dtype in _NARROW_BYTES
+        if user.opcode != "fusion" or name not in user.operands:
+            return False
+        body = module.computations.get((user.attr("calls") or "").lstrip("%"), [])
+        index = user.operands.index(name)
+        params = [i.name for i in body if re.fullmatch(rf"param_{index}(\.\d+)?", i.name)]
+        return bool(params) and any(
+            i.opcode == "convert" and i.operands[:1] == (params[0],) and i.arrays
+            and i.arrays[0].dtype in _NARROW_BYTES
+            for i in body
+        )  # fmt: skip
+
+    out = set()
+    for ins in module.collectives():
+        if not ins.arrays or ins.arrays[0].dtype not in _WIDE_BYTES or len(ins.arrays) > 1:
+            continue
+        found = users.get((ins.computation, ins.name), [])
+        if found and all(narrows(u, ins.name) for u in found):
+            out.add(ins.name)
+    return out
+
+
 def _promoted(module: Any) -> set[str]:
     """Names of all-reduces whose reduction XLA promoted from a narrow type (`*_promoted`)."""
     names = set()
@@ -165,7 +204,9 @@ def normalise(
         zero_axis: the mesh axis gradients are split over (ZeRO), e.g. "fsdp"; an all-reduce
             in the backward pass over a group holding it counts as a reduce-scatter over it plus
             an all-reduce of the shard over the rest of the group. None: no such rewrite.
-        promoted: names of all-reduces whose reduction XLA promoted from bf16 (see module doc).
+        promoted: names of collectives that carry bf16 data in f32: all-reduces whose
+            reduction XLA promoted from bf16, and collectives whose result every user casts
+            to bf16 straight away (see module doc).
 
     Returns:
         (kind -> {"count", "bytes", "raw_bytes"}, notes describing what was normalised).
@@ -262,7 +303,8 @@ def measure(
     kinds: dict[str, dict[str, float]] = {}
     notes: tuple[str, ...] = ()
     if report is not None:
-        kinds, notes = normalise(report, zero_axis=zero_axis, promoted=_promoted(module))
+        narrow = _promoted(module) | _narrowed_after(module)
+        kinds, notes = normalise(report, zero_axis=zero_axis, promoted=narrow)
     if not known:
         notes += ("some loop trip counts are unknown: their matmul FLOPs are counted once",)
     return Measurement(
