@@ -326,3 +326,16 @@ def test_bad_workload_values():
         preset("llama3-8b", precision="fp4")
     with pytest.raises(ValueError, match="tensor=3 does not divide"):
         evaluate(preset("llama3-8b"), "h100", tensor=3)
+
+
+def test_docstring_examples_run_as_written():
+    import doctest
+    import importlib
+
+    for name in ("__init__", "workload", "hardware", "memory", "comm", "roofline", "cost",
+                 "search"):  # fmt: skip
+        module = importlib.import_module(
+            "shardkit.plan" if name == "__init__" else f"shardkit.plan.{name}"
+        )
+        result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
+        assert result.attempted > 0 and result.failed == 0, (name, result)

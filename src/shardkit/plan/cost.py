@@ -166,8 +166,9 @@ class Candidate:
                 `Pipeline` strategy.
 
         Example:
-            >>> Candidate.__doc__ is not None
-            True
+            >>> from shardkit.plan import preset
+            >>> evaluate(preset("llama3-8b", batch=8), "h100", fsdp=8).strategy()
+            Hybrid(data=1, fsdp=8, tensor=1, zero=3, tensor_rules=None, rules=None)
         """
         from shardkit import strategies
 
