@@ -27,7 +27,12 @@ def collectives_text(c) -> str:
 
 
 def table(plan, top: int = 8):
-    """A rich Table of the `top` fastest layouts."""
+    """A rich Table of the `top` fastest layouts.
+
+    Columns: rank, layout, remat policy, micro-batches x sequences per micro-batch, weights /
+    gradients / optimizer state per device, activations (+ logits), peak, bytes each device
+    moves per step per collective kind, step time, MFU, bottleneck.
+    """
     from rich.table import Table
 
     hw = plan.hardware
@@ -39,15 +44,15 @@ def table(plan, top: int = 8):
     t = Table(title=title, title_justify="left")
     for col, just in [
         ("#", "right"), ("layout", "left"), ("remat", "left"), ("m x b", "right"),
-        ("state GB", "right"), ("act GB", "right"), ("peak GB", "right"),
+        ("w / g / opt GB", "right"), ("act GB", "right"), ("peak GB", "right"),
         ("collectives GB/step", "left"), ("step", "right"), ("MFU", "right"),
         ("bottleneck", "left"),
     ]:  # fmt: skip
         t.add_column(col, justify=just)
     for i, c in enumerate(plan.candidates[:top], 1):
-        state = c.param_bytes + c.grad_bytes + c.opt_bytes
+        state = f"{_gb(c.param_bytes)} / {_gb(c.grad_bytes)} / {_gb(c.opt_bytes)}"
         t.add_row(
-            str(i), c.layout, c.remat, f"{c.microbatches} x {c.micro_batch}", _gb(state),
+            str(i), c.layout, c.remat, f"{c.microbatches} x {c.micro_batch}", state,
             _gb(c.activation_bytes + c.logits_bytes), _gb(c.peak_bytes), collectives_text(c),
             _time(c.step_time), f"{c.mfu:.0%}", c.bottleneck,
         )  # fmt: skip
