@@ -14,15 +14,21 @@ _SHORT = {
 
 
 def _gb(x: float) -> str:
-    return f"{x / 1e9:.1f}"
+    """Bytes with a unit: GB, MB, KB or B."""
+    for scale, unit in ((1e9, "GB"), (1e6, "MB"), (1e3, "KB")):
+        if abs(x) >= scale:
+            return f"{x / scale:.1f} {unit}"
+    return f"{x:.0f} B"
 
 
 def _time(s: float) -> str:
+    if s < 1e-3:
+        return f"{s * 1e6:.0f} us"
     return f"{s * 1e3:.0f} ms" if s < 1 else f"{s:.2f} s"
 
 
 def collectives_text(c) -> str:
-    """`AG 12.3 RS 12.3 AR 0.4` (GB per device per step)."""
+    """`AG 12.3 GB RS 12.3 GB AR 400.0 MB`: bytes each device moves per step, by kind."""
     return " ".join(f"{_SHORT[k]} {_gb(v)}" for k, v in c.collectives.items()) or "none"
 
 
@@ -39,13 +45,13 @@ def table(plan, top: int = 8):
     title = (
         f"{plan.workload.name}: {plan.workload.n_params() / 1e9:.2f}B params, batch "
         f"{plan.workload.batch}, on {plan.devices} x {hw.name} ({_gb(hw.usable_bytes)} of "
-        f"{_gb(hw.hbm_bytes)} GB usable) - {len(plan.candidates)} layouts fit"
+        f"{_gb(hw.hbm_bytes)} usable) - {len(plan.candidates)} layouts fit"
     )
     t = Table(title=title, title_justify="left")
     for col, just in [
         ("#", "right"), ("layout", "left"), ("remat", "left"), ("m x b", "right"),
-        ("w / g / opt GB", "right"), ("act GB", "right"), ("peak GB", "right"),
-        ("collectives GB/step", "left"), ("step", "right"), ("MFU", "right"),
+        ("w / g / opt", "right"), ("act", "right"), ("peak", "right"),
+        ("collectives per step", "left"), ("step", "right"), ("MFU", "right"),
         ("bottleneck", "left"),
     ]:  # fmt: skip
         t.add_column(col, justify=just)
@@ -68,11 +74,11 @@ def why(plan) -> str:
     parts = [f"{c.layout} is predicted fastest: {_time(c.step_time)} per step, MFU {c.mfu:.0%}."]
     zero = {0: "replicated", 1: "ZeRO-1: optimizer state split", 3: "ZeRO-3: all split"}[c.zero]
     parts.append(
-        f"Per device it holds {_gb(state)} GB of model state ({zero}), "
-        f"{_gb(c.activation_bytes + c.logits_bytes)} GB of activations (remat={c.remat}, "
+        f"Per device it holds {_gb(state)} of model state ({zero}), "
+        f"{_gb(c.activation_bytes + c.logits_bytes)} of activations (remat={c.remat}, "
         f"{c.microbatches} micro-batch{'es' if c.microbatches > 1 else ''} of {c.micro_batch}) "
-        f"and {_gb(c.gathered_bytes)} GB of gathered or cast weights: {_gb(c.peak_bytes)} of "
-        f"{_gb(hw.usable_bytes)} GB usable."
+        f"and {_gb(c.gathered_bytes)} of gathered or cast weights: {_gb(c.peak_bytes)} of "
+        f"{_gb(hw.usable_bytes)} usable."
     )
     split = [f"compute {_time(c.compute_time)}"]
     for axis, t in c.comm_time.items():
@@ -86,7 +92,7 @@ def why(plan) -> str:
     full = _replicated_state(w)
     if full > hw.usable_bytes:
         parts.append(
-            f"Plain data parallelism would need {_gb(full)} GB of model state per device, "
+            f"Plain data parallelism would need {_gb(full)} of model state per device, "
             "more than fits."
         )
     if len(plan.candidates) > 1:
