@@ -280,7 +280,7 @@ def evaluate(
     zero = zero if fsdp > 1 else 0
     prec = get_precision(workload.precision)
     c = prec.compute
-    wb, gb, _ = bytes_per_param(prec, workload.optimizer)
+    wb, _, _ = bytes_per_param(prec, workload.optimizer)
     peak = hw.peak(prec.compute_dtype)
 
     if isinstance(workload, Transformer):
@@ -320,8 +320,8 @@ def evaluate(
         layer_flops = 6 * w.layer_matmul_params() + 12 * w.seq * w.q_width
         if remat == "block":  # the forward pass again, but for the MLP-down matmul, whose
             # output only feeds the block output (dead code when recomputing gradients' inputs)
-            down = (w.layer_matmul_params() - w.d_model * w.ff) * 2
-            layer_flops += down + 4 * w.seq * w.q_width
+            recompute = (w.layer_matmul_params() - w.d_model * w.ff) * 2
+            layer_flops += recompute + 4 * w.seq * w.q_width
         head_flops = 6 * w.d_model * w.vocab
         flops = tokens * (local_layers * layer_flops + head_flops) / tensor
         model_flops = w.tokens * w.model_flops_per_token()
@@ -416,7 +416,7 @@ def evaluate(
         param_bytes=state.params, grad_bytes=grads, opt_bytes=state.optimizer,
         activation_bytes=activations, gathered_bytes=gathered, logits_bytes=logits,
         input_bytes=inputs, budget_bytes=hw.usable_bytes, collectives=coll,
-        comm_time={k: v for k, v in times.items() if v}, flops=flops, model_flops=model_flops,
+        comm_time={k: t for k, t in times.items() if t}, flops=flops, model_flops=model_flops,
         compute_time=compute, bubble_time=bubble, exposed_comm_time=exposed,
         update_time=update, step_time=step, mfu=model_flops / (step * devices * peak),
         hfu=flops / (step * peak), bottleneck=bottleneck, virtual=v,
