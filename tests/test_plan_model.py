@@ -304,6 +304,8 @@ def test_model_that_fits_nowhere_says_by_how_much_and_what_fits():
     assert "a layout fits on 256 devices" in msg
     with pytest.raises(DoesNotFitError, match=r"remat='block'.*ZeRO-3.*smaller batch"):
         plan("llama3-70b", devices=16, hardware="h100", batch=16, remat="none")
+    with pytest.raises(DoesNotFitError, match=r"allow ZeRO-3 \(zero=\(3, 1\)"):
+        plan("llama3-70b", devices=16, hardware="h100", batch=16, zero=())
     # and the suggestion holds
     assert plan("llama3-405b", devices=256, hardware="h100", batch=8).best.fits
 

@@ -136,7 +136,8 @@ def plan(
             best[key] = c
     if not best:
         more = _devices_that_fit(w, hw, devices, policies, allowed, sched, max_stage)
-        raise DoesNotFitError(_no_fit_message(w, hw, devices, smallest, policies, more))
+        msg = _no_fit_message(w, hw, devices, smallest, policies, more, 3 in allowed)
+        raise DoesNotFitError(msg)
     fastest: dict[tuple, Candidate] = {}  # one row per layout: its fastest remat policy
     for key, c in best.items():
         if key[:5] not in fastest or c.step_time < fastest[key[:5]].step_time:
@@ -202,7 +203,7 @@ def _gb(x: float) -> str:
     return f"{x / 1e9:,.1f} GB"
 
 
-def _no_fit_message(w, hw: Hardware, n: int, smallest, policies, more: int | None) -> str:
+def _no_fit_message(w, hw: Hardware, n: int, smallest, policies, more, zero3: bool) -> str:
     budget = hw.usable_bytes
     state3 = model_state_bytes(w.n_params(), zero=3, shards=n, precision=w.precision,
                                optimizer=w.optimizer).total  # fmt: skip
@@ -222,8 +223,11 @@ def _no_fit_message(w, hw: Hardware, n: int, smallest, policies, more: int | Non
         )
     if "block" not in policies:
         fixes.append("remat='block' (keeps one block input per layer)")
-    fixes.append("ZeRO-3 (fsdp degree > 1) is already among the layouts tried"
-                 if smallest and smallest.zero == 3 else "ZeRO-3 over an fsdp axis")  # fmt: skip
+    fixes.append(
+        "ZeRO-3 over an fsdp axis is already among the layouts tried"
+        if zero3
+        else "allow ZeRO-3 (zero=(3, 1), --zero 3,1): it splits weights and gradients too"
+    )
     if smallest is not None and smallest.micro_batch > 1:
         fixes.append(f"a smaller batch per device (micro-batch {smallest.micro_batch})")
     else:
