@@ -166,3 +166,33 @@ def test_verify_rejects_only_pipelined_layouts():
     assert staged
     with pytest.raises(ValueError, match=r"all are pipelined .* fix: plan with max_stage=1"):
         verify(p, candidates=staged, quiet=True)
+
+
+def test_train_strategy_auto_trains_the_planners_top_layout():
+    from shardkit.train.config import TrainConfig
+    from shardkit.train.data import ReverseTask
+    from shardkit.train.run import auto_plan, build_trainer, model_config, plan_rows
+
+    cfg = TrainConfig(steps=2, batch=16)
+    devices = jax.devices()[:8]
+    planned = auto_plan(cfg, model_config(cfg, ReverseTask(digits=15, length=8)), devices)
+    assert planned.hardware.name == "cpu" and planned.devices == 8
+    assert all(c.stage == 1 for c in planned.candidates)  # the Trainer has no pipeline
+    trainer, _, _ = build_trainer(cfg, devices, planned=planned)
+    assert trainer.strategy == planned.best.strategy()
+    assert dict(trainer.mesh.shape) == planned.best.mesh_axes
+    assert trainer.strategy_reason == planned.why()
+    rows = plan_rows(planned)
+    assert len(rows) == 3 and rows[0].startswith(planned.best.layout + ", remat=none")
+
+
+def test_train_strategy_auto_needs_a_hardware_profile():
+    from types import SimpleNamespace
+
+    from shardkit.train.run import hardware_profile
+
+    gpu = SimpleNamespace(platform="gpu", device_kind="NVIDIA H100 80GB HBM3")
+    assert hardware_profile([gpu]) == "h100"
+    odd = SimpleNamespace(platform="gpu", device_kind="Quantum Widget 9000")
+    with pytest.raises(ValueError, match=r"no hardware profile for 'Quantum Widget 9000'; fix:"):
+        hardware_profile([odd])
