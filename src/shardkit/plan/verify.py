@@ -328,7 +328,10 @@ def verify(
         >>> plan("gpt3-175b", devices=1024, hardware="h100").verify(top=1)
     """
     from shardkit.plan.cost import evaluate
+    from shardkit.plan.hardware import get_hardware
     from shardkit.plan.measure import measure_gpt
+
+    cpu_dot_bytes = get_hardware("cpu").dot_output_bytes
 
     t0 = time.perf_counter()
     pool = list(candidates) if candidates is not None else list(plan.candidates)
@@ -344,8 +347,10 @@ def verify(
     for c in chosen:
         cfg, twin, diffs = compiled_model(plan.workload, c.remat, c.tensor)
         differences += [d for d in diffs if d not in differences]
+        # memory as the compiled backend keeps it: XLA:CPU holds bf16 matmul outputs in f32
         pred = evaluate(twin, plan.hardware, data=c.data, fsdp=c.fsdp, tensor=c.tensor,
-                        zero=c.zero or 3, microbatches=c.microbatches, remat=c.remat)  # fmt: skip
+                        zero=c.zero or 3, microbatches=c.microbatches, remat=c.remat,
+                        dot_bytes=cpu_dot_bytes)  # fmt: skip
         precision = "float32" if twin.precision == "fp32" else "bfloat16"
         m = measure_gpt(cfg, c.strategy(), devices=c.devices, batch=twin.batch,
                         grad_accum=c.microbatches, precision=precision,
@@ -361,6 +366,11 @@ def verify(
         notes.append(
             "not compiled (pipelined; the Trainer has no pipeline): "
             + ", ".join(c.layout for c in skipped)
+        )
+    if any(c.predicted.remat == "dots" for c in checks):
+        notes.append(
+            "memory predicted for the backend compiled: XLA:CPU keeps bf16 matmul outputs in "
+            f"f32 ({cpu_dot_bytes} bytes per element) where GPUs and TPUs keep 2"
         )
     notes.append(
         "collective bytes: per device per step, ring formulas; XLA:CPU's f32 upcast of bf16 "
