@@ -336,7 +336,7 @@ def verify(
     t0 = time.perf_counter()
     pool = list(candidates) if candidates is not None else list(plan.candidates)
     chosen = [c for c in pool if c.stage == 1][: max(top, 0) if candidates is None else None]
-    skipped = [c for c in pool[:top] if c.stage > 1] if candidates is None else []
+    skipped = [c for c in (pool[:top] if candidates is None else pool) if c.stage > 1]
     if not chosen:
         raise ValueError(
             f"none of the {len(pool)} layouts can be compiled: all are pipelined (stage > 1) "
