@@ -10,7 +10,8 @@
    gradients all-reduced then sliced (counted as the reduce-scatter GPUs and TPUs emit).
    Precisions: bf16 compute with fp32 weights and Adam (shardkit's mixed precision) and fp32;
    remat "block" everywhere, and "dots" at 1,024 devices.
-2. `shardkit plan --model gpt3-175b --devices 1024 --hardware h100 --batch 1536 --verify` in
+2. One layout of the same GPT at 16,384 devices (data=128 fsdp=16 tensor=8), verified.
+3. `shardkit plan --model gpt3-175b --devices 1024 --hardware h100 --batch 1536 --verify` in
    a fresh process, timed (target: under 2 minutes).
 
 Run: python benchmarks/plan.py [--quick]   (--quick: 256 devices, bf16 and block only)
@@ -114,6 +115,17 @@ def main() -> None:
 
     if args.quick:
         return
+    n = 16384
+    w = Transformer.from_gpt_config(CFG, batch=4096, remat="block")
+    print(f"\n== {n:,} devices (data=128 fsdp=16 tensor=8, remat block, bf16): Plan.verify")
+    candidate = evaluate(w, "tpu-v5p", data=128, fsdp=16, tensor=8, remat="block")
+    result = verify(plan(w, devices=n, hardware="tpu-v5p"), candidates=[candidate], quiet=True)
+    check = result.checks[0]
+    print(", ".join(f"{r.quantity} {r.error:+.1%}" for r in check.rows))
+    print(
+        f"compiled in {check.measurement.compile_seconds:.1f} s; verified in {result.seconds:.1f} s"
+    )
+
     cmd = [sys.executable, "-m", "shardkit.cli", "plan", "--model", "gpt3-175b", "--devices",
            "1024", "--hardware", "h100", "--batch", "1536", "--verify"]  # fmt: skip
     print("\n== " + " ".join(["shardkit", *cmd[3:]]) + " (fresh process)")
