@@ -344,6 +344,7 @@ def verify(
             "candidates=[plan.find(fsdp=..., tensor=...)]."
         )
     checks, notes, differences = [], [], []
+    counted: dict[str, list[str]] = {}
     for c in chosen:
         cfg, twin, diffs = compiled_model(plan.workload, c.remat, c.tensor)
         differences += [d for d in diffs if d not in differences]
@@ -356,7 +357,15 @@ def verify(
                         grad_accum=c.microbatches, precision=precision,
                         abstract=abstract)  # fmt: skip
         checks.append(Check(candidate=c, predicted=pred, measurement=m, rows=_rows(pred, m)))
-        notes.extend(n for n in m.notes if n not in notes)
+        for n in m.notes:  # "18 collective(s) ...": one note per kind, counts summed
+            count, _, rest = n.partition(" ")
+            if count.isdigit():
+                counted.setdefault(rest, []).append(count)
+            elif n not in notes:
+                notes.append(n)
+    notes[:0] = [
+        f"{sum(map(int, c))} {rest}, over {len(c)} layout(s)" for rest, c in counted.items()
+    ]
     if differences:
         notes.insert(
             0,
