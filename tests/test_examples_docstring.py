@@ -1,4 +1,4 @@
-"""The FFT and linalg examples run and print exactly the output their docstrings promise."""
+"""The FFT, linalg and plan examples run and print exactly the output their docstrings promise."""
 
 import ast
 import os
@@ -18,7 +18,14 @@ def _expected(path):
 
 
 @pytest.mark.parametrize(
-    "name", ["fft_seed004.py", "fft_poisson.py", "linalg_seed004.py", "linalg_big_system.py"]
+    "name",
+    [
+        "fft_seed004.py",
+        "fft_poisson.py",
+        "linalg_seed004.py",
+        "linalg_big_system.py",
+        "plan_seed002_practical.py",
+    ],
 )
 def test_example_prints_expected_output(name):
     path = EXAMPLES / name

@@ -22,9 +22,9 @@ def test_default_train_shortened_reaches_accuracy(tmp_path, capsys):
     text = capsys.readouterr().out
     for needle in (
         "mesh",
-        "Hybrid(data=-1, fsdp=1, tensor=2",  # auto picks data x tensor on 8 devices
+        "the planner's top layouts on 8 x cpu",  # auto: the planner's ranking picks
         "why",
-        "fits in 50%",
+        "is predicted fastest",
         "parameter layouts",
         "blocks/q",
         "lint:",

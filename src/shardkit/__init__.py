@@ -2,7 +2,8 @@
 
 Meshes (:func:`make_mesh`), partition rules (:class:`Rules`) with a linter (:func:`lint`),
 layout views (:func:`show`), a collective audit (:func:`inspect`), parallel training
-(``shardkit.strategies``, ``shardkit.train``) and distributed kernels (``shardkit.fft``,
+(``shardkit.strategies``, ``shardkit.train``), a planner that ranks layouts by predicted
+memory and time (:func:`plan`) and distributed kernels (``shardkit.fft``,
 ``shardkit.linalg``, ``shardkit.matmul``).
 
 Names are imported on first use, so ``import shardkit`` (and ``shardkit --help``) stays fast.
@@ -45,6 +46,7 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "train": ("shardkit.train", None),
     "Trainer": ("shardkit.train", "Trainer"),
     "Checkpointer": ("shardkit.train", "Checkpointer"),
+    "plan": ("shardkit.plan", None),  # callable: shardkit.plan(workload, devices=...)
 }
 
 __all__ = sorted(_EXPORTS)

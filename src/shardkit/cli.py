@@ -1,4 +1,4 @@
-"""The ``shardkit`` command: devices, show, inspect, train, launch.
+"""The ``shardkit`` command: devices, show, inspect, train, plan, launch.
 
 Only argparse is imported up front so ``shardkit --help`` answers at once; each subcommand
 imports JAX when it runs. ``inspect`` and ``train`` live with their packages
@@ -21,6 +21,7 @@ __all__ = ["main", "parse_mesh_arg", "parse_shape_arg", "parse_spec_arg"]
 _DELEGATED = {
     "inspect": ("shardkit.inspection.command", "audit a function's compiled collectives"),
     "train": ("shardkit.train.command", "train a model with a parallel strategy"),
+    "plan": ("shardkit.plan.command", "rank parallel layouts by predicted memory and time"),
     "launch": ("shardkit.distributed.launch", "run a command as N ranks of a multi-process job"),
 }
 

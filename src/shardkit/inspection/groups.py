@@ -50,14 +50,16 @@ def _iota_groups(spec: str) -> list[list[int]] | None:
 
 def _mesh_groups(spec: str) -> list[list[int]] | None:
     """`mesh['a'=4,'b'=2] {'b'}` (optionally `, device_ids=(...)`, sub-axes `'a':(1)2`)."""
-    m = re.match(r"\s*mesh\[([^\]]*)\](?:,\s*device_ids=\(([^)]*)\))?\s*\{([^}]*)\}", spec)
+    m = re.match(r"\s*mesh\[([^\]]*)\](?:,\s*device_ids=\((.*)\))?\s*\{([^}]*)\}", spec)
     if not m:
         return None
     axes = re.findall(r"'?([\w.\-]+)'?\s*=\s*(\d+)", m.group(1))
     names = [a for a, _ in axes]
     sizes = [int(s) for _, s in axes]
     total = math.prod(sizes)
-    ids = [int(d) for d in re.findall(r"\d+", m.group(2))] if m.group(2) else list(range(total))
+    ids = _device_ids(m.group(2), total) if m.group(2) else list(range(total))
+    if ids is None:
+        return None
     refs = []
     for ref in re.findall(r"'?([\w.\-]+)'?(?::\((\d+)\)(\d+))?", m.group(3)):
         name, pre, size = ref
@@ -78,6 +80,17 @@ def _mesh_groups(spec: str) -> list[list[int]] | None:
             key[ax] -= part * stride
         groups.setdefault(tuple(key), []).append((tuple(sel), ids[pos]))
     return [[d for _, d in sorted(g)] for g in groups.values()]
+
+
+def _device_ids(text: str, total: int) -> list[int] | None:
+    """`device_ids=(...)`: an explicit list `0,2,1,3` or an iota `[2,2,2]T(1,0,2)`."""
+    text = text.strip()
+    if not text.startswith("["):
+        return [int(d) for d in re.findall(r"\d+", text)]
+    if "<=" not in text:  # `[dims]T(perm)`: iota(total) reshaped to dims, then transposed
+        text = f"[{total}]<={text}"
+    groups = _iota_groups(text)
+    return None if groups is None else [i for g in groups for i in g]
 
 
 def _unravel(index: int, sizes: list[int] | tuple[int, ...]) -> tuple[int, ...]:

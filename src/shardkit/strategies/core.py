@@ -186,7 +186,9 @@ def _fmt(degrees: Mapping[str, int]) -> str:
 
 
 def _size(mesh, axis: str) -> int:
-    return int(dict(zip(mesh.axis_names, mesh.devices.shape, strict=True)).get(axis, 1))
+    # `mesh.shape` (name -> size) exists on both Mesh and AbstractMesh, so layouts can be
+    # planned for a mesh larger than the devices present (no `mesh.devices` needed).
+    return int(dict(mesh.shape).get(axis, 1))
 
 
 def _drop(entry, axis: str):

@@ -53,17 +53,11 @@ def _data(cfg: TrainConfig):
     return ReverseTask(digits=cfg.digits, length=cfg.length, seed=cfg.seed)
 
 
-def build_trainer(cfg: TrainConfig, devices=None):
-    """The `Trainer`, data source and model config `shardkit train` uses for `cfg`."""
-    import optax
-    from flax import nnx
+def model_config(cfg: TrainConfig, data):
+    """The GPT configuration of a run: sizes from `cfg`, vocabulary and length from `data`."""
+    from shardkit.models import GPTConfig
 
-    from shardkit.models import GPT, GPTConfig, lm_loss
-    from shardkit.strategies import from_name
-    from shardkit.train.trainer import Trainer
-
-    data = _data(cfg)
-    model_cfg = GPTConfig(
+    return GPTConfig(
         vocab=data.vocab,
         d_model=cfg.d_model,
         n_layers=cfg.n_layers,
@@ -72,6 +66,80 @@ def build_trainer(cfg: TrainConfig, devices=None):
         seq_len=data.seq_len,
         remat=cfg.remat,
     )
+
+
+_KINDS = (("h100", "h100"), ("h200", "h200"), ("b200", "b200"), ("a100", "a100"),
+          ("mi300", "mi300x"), ("v4", "tpu-v4"), ("v5 lite", "tpu-v5e"), ("v5e", "tpu-v5e"),
+          ("v5p", "tpu-v5p"), ("v5", "tpu-v5p"), ("v6", "tpu-v6e"))  # fmt: skip
+
+
+def hardware_profile(devices) -> str:
+    """The planner's hardware profile for these devices: "cpu" on CPU, else by device kind.
+
+    Raises:
+        ValueError: for an accelerator with no profile (names the known ones).
+    """
+    from shardkit.plan.hardware import known_hardware
+
+    device = devices[0]
+    if device.platform == "cpu":
+        return "cpu"
+    kind = device.device_kind.lower()
+    for key, name in _KINDS:
+        if key in kind:
+            return name
+    raise ValueError(
+        f"--strategy auto: no hardware profile for {device.device_kind!r}; fix: pass "
+        f"--strategy with --mesh, or add a profile (known: {', '.join(known_hardware())})."
+    )
+
+
+def auto_plan(cfg: TrainConfig, model_cfg, devices):
+    """The planner's ranking of layouts for `shardkit train --strategy auto` on `devices`.
+
+    The workload is the run's GPT, batch, precision and remat policy; pipelines are left out
+    (the Trainer has none). The top row's strategy is the one trained.
+    """
+    from shardkit.plan import Transformer, plan
+
+    workload = Transformer.from_gpt_config(
+        model_cfg,
+        batch=cfg.batch,
+        precision="fp32" if cfg.precision == "float32" else "shardkit",
+    )
+    return plan(workload, devices=len(devices), hardware=hardware_profile(devices), max_stage=1)
+
+
+def plan_rows(planned, top: int = 3) -> list[str]:
+    """One line per top layout of a plan: layout, remat, peak memory, step time, MFU."""
+    from shardkit.layout import format_bytes
+
+    rows = []
+    for c in planned.top(top):
+        rows.append(
+            f"{c.layout}, remat={c.remat}, {c.microbatches} x {c.micro_batch} sequences: "
+            f"peak {format_bytes(c.peak_bytes)} per device, step {c.step_time * 1e3:.2f} ms "
+            f"(predicted), MFU {c.mfu:.0%}, {c.bottleneck}-bound"
+        )
+    return rows
+
+
+def build_trainer(cfg: TrainConfig, devices=None, *, planned=None):
+    """The `Trainer`, data source and model config `shardkit train` uses for `cfg`.
+
+    With `--strategy auto` the strategy is the top row of `planned` (from `auto_plan`), or of
+    a fresh plan when none is given, and `trainer.strategy_reason` is the plan's why.
+    """
+    import jax
+    import optax
+    from flax import nnx
+
+    from shardkit.models import GPT, lm_loss
+    from shardkit.strategies import Auto, from_name
+    from shardkit.train.trainer import Trainer
+
+    data = _data(cfg)
+    model_cfg = model_config(cfg, data)
     warmup = min(cfg.warmup, cfg.steps - 1)
     schedule = optax.warmup_cosine_decay_schedule(
         0.0, cfg.lr, warmup, max(cfg.steps, warmup + 1), cfg.lr / 10
@@ -83,6 +151,10 @@ def build_trainer(cfg: TrainConfig, devices=None):
         microbatches=cfg.microbatches,
         residuals=cfg.residuals,
     )
+    if isinstance(strategy, Auto):
+        targets = list(jax.devices()[: cfg.devices] if devices is None else devices)
+        planned = planned or auto_plan(cfg, model_cfg, targets)
+        strategy = planned.best.strategy()
     trainer = Trainer(
         lambda key: GPT(model_cfg, rngs=nnx.Rngs(key)),
         optax.adamw(schedule, weight_decay=cfg.weight_decay),
@@ -94,6 +166,8 @@ def build_trainer(cfg: TrainConfig, devices=None):
         compute_dtype=cfg.precision,
         batch_size=cfg.batch,
     )
+    if planned is not None:
+        trainer.strategy_reason = planned.why()
     return trainer, data, model_cfg
 
 
@@ -213,6 +287,7 @@ def train(cfg: TrainConfig, *, console: Any = None, quiet: bool = False) -> RunR
     """
     import jax
     from rich.console import Console
+    from rich.markup import escape
 
     from shardkit.linter import lint
     from shardkit.mesh import describe_mesh
@@ -226,13 +301,21 @@ def train(cfg: TrainConfig, *, console: Any = None, quiet: bool = False) -> RunR
     console = console or Console()
     say = (lambda *a, **k: None) if quiet else console.print
     devices = _devices(cfg)
-    trainer, data, model_cfg = build_trainer(cfg, devices)
+    planned = None
+    if cfg.strategy.strip().lower() == "auto":
+        planned = auto_plan(cfg, model_config(cfg, _data(cfg)), devices)
+    trainer, data, model_cfg = build_trainer(cfg, devices, planned=planned)
     mesh = trainer.mesh
     why = trainer.strategy_reason or f"chosen with --strategy {cfg.strategy}"
     say(f"[bold]devices[/]  {len(devices)} x {devices[0].device_kind} ({jax.default_backend()})")
+    if planned is not None and not quiet:
+        where = f"{len(devices)} x {planned.hardware.name}"
+        say(f"[bold]plan[/]     the planner's top layouts on {where}, fastest first:")
+        for i, row in enumerate(plan_rows(planned), 1):
+            say(f"         {i}. " + escape(row))
     say(f"[bold]mesh[/]     {describe_mesh(mesh)}")
     say(f"[bold]strategy[/] {trainer.strategy.describe(mesh)}")
-    say(f"[bold]why[/]      {why}")
+    say("[bold]why[/]      " + escape(why))
     n_params = sum(math.prod(x.shape) for x in jax.tree.leaves(trainer.abstract_params))
     say(
         f"[bold]model[/]    GPT d_model={model_cfg.d_model} layers={model_cfg.n_layers} "

@@ -1,0 +1,93 @@
+"""`shardkit plan`: rank layouts for a model on a machine, print the table and why.
+
+Example:
+    shardkit plan --model gpt3-175b --devices 1024 --hardware h100 --batch 1536
+    shardkit plan --model llama3-8b --devices 8 --batch 16 --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Adds the `shardkit plan` flags to `parser`."""
+    from shardkit.plan.hardware import known_hardware
+    from shardkit.plan.workload import presets
+
+    parser.description = (
+        "Predict per-device memory, communication and compute for every data x fsdp x tensor "
+        "x stage layout of a model on a machine, rank them by step time, and say why the top "
+        "one wins. --verify compiles the top layouts to check the predictions."
+    )
+    parser.add_argument(
+        "--model", default="gpt3-175b", help=f"preset: {', '.join(presets())} (default gpt3-175b)"
+    )
+    parser.add_argument("--devices", type=int, default=8, help="number of chips (default 8)")
+    parser.add_argument(
+        "--hardware", default="h100", help=f"{', '.join(known_hardware())} (default h100)"
+    )
+    parser.add_argument("--batch", type=int, default=None, help="global batch in sequences")
+    parser.add_argument("--seq", type=int, default=None, help="sequence length (transformers)")
+    parser.add_argument(
+        "--remat", default=None, choices=["none", "dots", "block"], help="fix the remat policy"
+    )
+    parser.add_argument(
+        "--precision", default=None, help="mixed (16 B/param), megatron (18), shardkit, fp32"
+    )
+    parser.add_argument(
+        "--zero", default="3,1", help="ZeRO stages allowed over fsdp: '3,1', '3', '1' or 'none'"
+    )
+    parser.add_argument("--max-stage", type=int, default=None, help="largest pipeline degree")
+    parser.add_argument(
+        "--schedule", default="1f1b", choices=["1f1b", "gpipe", "interleaved"],
+        help="pipeline schedule (default 1f1b)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--virtual", type=int, default=2, help="chunks per device for --schedule interleaved"
+    )
+    parser.add_argument("--top", type=int, default=8, help="rows to show (default 8)")
+    parser.add_argument("--json", action="store_true", help="print the plan as JSON")
+    parser.add_argument("--verify", action="store_true", help="compile the top layouts and compare")
+
+
+def _zero(text: str) -> tuple[int, ...]:
+    if text.strip().lower() in ("", "none", "0"):
+        return ()
+    try:
+        return tuple(int(z) for z in text.split(","))
+    except ValueError:
+        raise ValueError(f"--zero {text!r}: write stages as '3,1', '3', '1' or 'none'.") from None
+
+
+def run(args: argparse.Namespace) -> int:
+    """Runs `shardkit plan`; returns the exit code."""
+    from shardkit.plan.search import plan
+    from shardkit.plan.workload import preset
+
+    changes = {}
+    if args.precision:
+        changes["precision"] = args.precision
+    if args.seq:
+        changes["seq"] = args.seq
+    workload = preset(args.model, **changes)
+    result = plan(
+        workload,
+        devices=args.devices,
+        hardware=args.hardware,
+        batch=args.batch,
+        remat=args.remat,
+        max_stage=args.max_stage,
+        zero=_zero(args.zero),
+        schedule=args.schedule,
+        virtual=args.virtual,
+    )
+    if args.json:
+        print(result.to_json(top=args.top))
+    else:
+        print(result.render(top=args.top), end="")
+    if args.verify:
+        result.verify(top=min(args.top, 3))
+    sys.stdout.flush()
+    return 0

@@ -1,0 +1,442 @@
+"""The cost of one layout: memory, communication and compute per device, step time and MFU.
+
+`evaluate(workload, hardware, data=, fsdp=, tensor=, stage=, ...)` returns a `Candidate`. The
+model, per device and per optimizer step:
+
+* memory: model state per ZeRO stage over "fsdp" (`memory.model_state_bytes`), activations per
+  remat policy times the micro-batches the first pipeline stage holds, plus the block being
+  differentiated (its residuals, recomputed under remat, and their cotangents), gathered
+  weights (FSDP gathers one layer at a time; without remat the gathered weights stay alive
+  until the backward pass), the compute-dtype copy of fp32 weights, logits at the loss, the batch;
+* communication (bytes moved per device, `comm.bytes_moved`): FSDP all-gathers weights in the
+  forward pass (and again in the backward pass when remat recomputes the block) and
+  reduce-scatters gradients per micro-batch (ZeRO-3), or reduce-scatters gradients and
+  all-gathers updated weights once per step (ZeRO-1); "data" all-reduces the gradient shard
+  once per step; Megatron tensor parallelism all-reduces a b x s x h activation twice per block
+  forward and once per column-parallel kernel backward (`_tp_all_reduces`); a pipeline sends
+  one activation forward and one gradient back per micro-batch;
+* compute: executed FLOPs (6 per matmul parameter per token + 12 x s x heads x head_dim per
+  layer per token for attention; "block" remat reruns each block's forward pass but for the
+  MLP-down matmul, whose output no gradient needs) / (peak x mfu_ceiling);
+* step time: pipeline (compute + tensor all-reduces + sends) x (m + p - 1)/m, plus the part
+  of the data-parallel and FSDP traffic that compute cannot hide (a share `Hardware.overlap`
+  of it hides: per-micro-batch ZeRO-3 traffic behind the whole step, the once-per-step
+  gradient reduction only behind the last micro-batch), plus the optimizer update (state read
+  and written at HBM bandwidth). overlap = 1 gives the scaling book's T_lower = max(compute,
+  comms) for one micro-batch, overlap = 0 its T_upper = sum;
+* MFU = model FLOPs (no recompute) / (step time x devices x peak).
+
+Example:
+    >>> from shardkit.plan.workload import preset
+    >>> c = evaluate(preset("llama3-8b", batch=8), "h100", fsdp=8, remat="block")
+    >>> c.mesh_axes, c.fits
+    ({'fsdp': 8}, True)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+from shardkit.plan import comm
+from shardkit.plan.hardware import Hardware, get_hardware
+from shardkit.plan.memory import (
+    bubble_fraction,
+    bytes_per_param,
+    get_precision,
+    in_flight_microbatches,
+    layer_activation_bytes,
+    model_state_bytes,
+)
+from shardkit.plan.workload import Dense, Transformer
+
+AXIS_ORDER = ("stage", "data", "fsdp", "tensor")  # outermost first, as in the mesh
+_COUNTERS = 8  # the train state's step and the optimizer's count, int32 each
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+    """One layout with its predicted memory, communication, compute and step time per device.
+
+    Attributes:
+        data, fsdp, tensor, stage: degrees over the mesh axes of those names.
+        zero: ZeRO stage over "fsdp" (3: params, grads and optimizer state split; 1: only
+            optimizer state); 0 without an "fsdp" axis.
+        microbatches: m, micro-batches per step (gradient accumulation or pipeline).
+        micro_batch: b, sequences (examples) per micro-batch per device.
+        remat: "none", "dots" or "block".
+        schedule: pipeline schedule ("1f1b", "gpipe", "interleaved"); "" without a pipeline.
+        param_bytes, grad_bytes, opt_bytes: model state per device.
+        activation_bytes: activations kept for the backward pass (+ one recomputed block).
+        gathered_bytes: weights gathered or cast for compute (FSDP, fp32 -> bf16 copies).
+        logits_bytes: the loss's logits (last pipeline stage).
+        input_bytes: the batch shard.
+        argument_bytes: held between steps: params + optimizer state + batch.
+        temp_bytes: temporaries: gradients, activations, gathered weights, logits.
+        peak_bytes: argument_bytes + temp_bytes.
+        budget_bytes: usable device memory.
+        collectives: kind -> bytes moved per device per step (inspection's formulas).
+        comm_time: mesh axis -> seconds of its collectives per step.
+        flops: executed FLOPs per device per step (recompute included; busiest stage).
+        model_flops: model FLOPs per step, all devices (MFU's numerator).
+        compute_time, bubble_time, exposed_comm_time, update_time, step_time: seconds.
+        mfu: model FLOPs / (step time x devices x peak).
+        hfu: executed FLOPs / (step time x peak), busiest device.
+        virtual: model chunks per device under the interleaved schedule (1 otherwise).
+        bottleneck: the largest of compute, tensor all-reduces, pipeline bubble, pipeline
+            sends and fsdp/data traffic (before overlap), in words.
+    """
+
+    data: int
+    fsdp: int
+    tensor: int
+    stage: int
+    zero: int
+    microbatches: int
+    micro_batch: int
+    remat: str
+    schedule: str
+    param_bytes: float
+    grad_bytes: float
+    opt_bytes: float
+    activation_bytes: float
+    gathered_bytes: float
+    logits_bytes: float
+    input_bytes: float
+    budget_bytes: float
+    collectives: dict[str, float]
+    comm_time: dict[str, float]
+    flops: float
+    model_flops: float
+    compute_time: float
+    bubble_time: float
+    exposed_comm_time: float
+    update_time: float
+    step_time: float
+    mfu: float
+    hfu: float
+    bottleneck: str
+    virtual: int = 1
+
+    # -- derived ----------------------------------------------------------------------------
+    @property
+    def devices(self) -> int:
+        return self.data * self.fsdp * self.tensor * self.stage
+
+    @property
+    def argument_bytes(self) -> float:
+        """Params + optimizer state + batch + the step counters (int32 step and Adam count)."""
+        return self.param_bytes + self.opt_bytes + self.input_bytes + _COUNTERS
+
+    @property
+    def temp_bytes(self) -> float:
+        return self.grad_bytes + self.activation_bytes + self.gathered_bytes + self.logits_bytes
+
+    @property
+    def peak_bytes(self) -> float:
+        return self.argument_bytes + self.temp_bytes
+
+    @property
+    def fits(self) -> bool:
+        return self.peak_bytes <= self.budget_bytes
+
+    @property
+    def mesh_axes(self) -> dict[str, int]:
+        """Mesh axis name -> size, outermost first, axes of size 1 dropped."""
+        axes = {a: getattr(self, a) for a in AXIS_ORDER if getattr(self, a) > 1}
+        return axes or {"data": 1}
+
+    @property
+    def layout(self) -> str:
+        """`fsdp=32 tensor=8`-style label with the ZeRO stage when it is not 3."""
+        text = " ".join(f"{k}={v}" for k, v in self.mesh_axes.items())
+        if self.virtual > 1:
+            text += f" (interleaved x{self.virtual})"
+        return text + (" (ZeRO-1)" if self.fsdp > 1 and self.zero == 1 else "")
+
+    def strategy(self):
+        """The shardkit strategy that runs this layout.
+
+        Returns:
+            `shardkit.strategies.Hybrid(data=, fsdp=, tensor=, zero=)`.
+
+        Raises:
+            ValueError: for a pipelined layout (stage > 1) when `shardkit.strategies` has no
+                `Pipeline` strategy.
+
+        Example:
+            >>> from shardkit.plan import preset
+            >>> evaluate(preset("llama3-8b", batch=8), "h100", fsdp=8).strategy()
+            Hybrid(data=1, fsdp=8, tensor=1, zero=3, tensor_rules=None, rules=None)
+        """
+        from shardkit import strategies
+
+        zero = self.zero if self.fsdp > 1 else 3
+        if self.stage == 1:
+            return strategies.Hybrid(data=self.data, fsdp=self.fsdp, tensor=self.tensor, zero=zero)
+        pipeline = getattr(strategies, "Pipeline", None)
+        if pipeline is not None:
+            try:
+                return strategies.Hybrid(
+                    data=self.data, fsdp=self.fsdp, tensor=self.tensor, zero=zero,
+                    pipeline=pipeline(stages=self.stage, microbatches=self.microbatches),
+                )  # fmt: skip
+            except TypeError:
+                pass
+        raise ValueError(
+            f"layout {self.layout} needs pipeline parallelism (stage={self.stage}), which this "
+            "shardkit build cannot run; fix: pick a row with stage=1 (plan.candidates), or "
+            "plan with max_stage=1."
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready fields, derived memory totals included."""
+        out = dataclasses.asdict(self)
+        out.update(
+            mesh_axes=self.mesh_axes,
+            layout=self.layout,
+            argument_bytes=self.argument_bytes,
+            temp_bytes=self.temp_bytes,
+            peak_bytes=self.peak_bytes,
+            fits=self.fits,
+            devices=self.devices,
+        )
+        return out
+
+
+def _stage_params(w: Transformer, stage: int, tensor: int) -> float:
+    """Parameters on the most loaded device of a (stage, tensor) shard."""
+    t, h = tensor, w.d_model
+    norms = 2 * w.norm_params * h
+    blocks = -(-w.layers // stage) * (w.layer_matmul_params() / t + norms)  # busiest stage
+    embed = w.vocab * h / t + (w.seq * h if w.positions else 0)
+    head_table = w.vocab * h / t if (not w.tied or stage > 1) else 0
+    head = w.norm_params * h + head_table
+    if stage == 1:
+        return blocks + embed + head
+    return blocks + max(embed, head)
+
+
+def evaluate(
+    workload: Transformer | Dense,
+    hardware: str | Hardware,
+    *,
+    data: int = 1,
+    fsdp: int = 1,
+    tensor: int = 1,
+    stage: int = 1,
+    zero: int = 3,
+    microbatches: int | None = None,
+    remat: str | None = None,
+    schedule: str = "1f1b",
+    virtual: int = 1,
+    dot_bytes: int | None = None,
+) -> Candidate:
+    """Predicts memory, communication, compute and step time for one layout.
+
+    Args:
+        workload: a `Transformer` or `Dense`; its `batch` is the global batch.
+        hardware: a profile name or `Hardware`.
+        data, fsdp, tensor, stage: degrees (their product is the device count).
+        zero: 3 or 1 over "fsdp" (ignored when fsdp == 1).
+        microbatches: m; default the stage degree (1 without a pipeline).
+        remat: "none", "dots" or "block"; default the workload's ("auto" -> "none").
+        schedule: "1f1b", "gpipe" or "interleaved" (Megatron's interleaved 1F1B, `virtual`
+            model chunks per device: bubble (p-1)/(v m + p-1), v x the sends, activations x
+            (1 + (p-1)/(p v))) when stage > 1.
+        virtual: chunks per device for "interleaved" (>= 2).
+        dot_bytes: bytes per matmul output kept under "dots" remat (default
+            `Hardware.dot_output_bytes`, else the compute dtype; 4 predicts XLA:CPU, which
+            runs bf16 matmuls in f32 and keeps f32 outputs).
+
+    Raises:
+        ValueError: when the batch is not divisible by data x fsdp x microbatches, or the
+            layers by the stage degree.
+    """
+    hw = get_hardware(hardware)
+    m = microbatches or stage
+    remat = remat or (workload.remat if workload.remat != "auto" else "none")
+    replicas = data * fsdp
+    if workload.batch % (replicas * m):
+        raise ValueError(
+            f"batch={workload.batch} is not divisible by data x fsdp x microbatches = "
+            f"{data} x {fsdp} x {m}; fix: a batch that is a multiple of {replicas * m}."
+        )
+    b = workload.batch // (replicas * m)
+    v = virtual if (schedule == "interleaved" and stage > 1) else 1
+    layers = getattr(workload, "layers", 0)
+    if v > 1 and layers % (stage * v) and not getattr(workload, "uneven_stages", False):
+        raise ValueError(
+            f"layers={layers} is not divisible by stage x virtual = {stage} x {v}; fix: a "
+            "virtual degree that divides layers / stage, or Transformer(uneven_stages=True)."
+        )
+    if schedule == "interleaved" and stage > 1 and (v < 2 or m % stage):
+        raise ValueError(
+            f"interleaved schedule with virtual={virtual}, microbatches={m}, stage={stage}: "
+            "needs virtual >= 2 and microbatches a multiple of the stage degree (Megatron); "
+            f"fix: virtual=2, microbatches={max(stage, m // stage * stage)}."
+        )
+    zero = zero if fsdp > 1 else 0
+    prec = get_precision(workload.precision)
+    c = prec.compute
+    wb, _, _ = bytes_per_param(prec, workload.optimizer)
+    peak = hw.peak(prec.compute_dtype)
+
+    if isinstance(workload, Transformer):
+        if workload.heads % tensor or workload.ff % tensor:
+            raise ValueError(
+                f"tensor={tensor} does not divide heads={workload.heads} and d_ff="
+                f"{workload.ff}; fix: a tensor degree that divides both."
+            )
+        if workload.layers % stage and not workload.uneven_stages:
+            raise ValueError(
+                f"layers={workload.layers} is not divisible by stage={stage}; fix: a stage "
+                "degree that divides the layer count, or Transformer(uneven_stages=True)."
+            )
+        w = workload
+        n_stage = _stage_params(w, stage, tensor)
+        local_layers = -(-w.layers // stage)  # the busiest stage
+        layer_t = w.layer_matmul_params() / tensor + 2 * w.norm_params * w.d_model
+        per_layer = layer_activation_bytes(
+            w, micro_batch=b, tensor=tensor, remat=remat, dot_bytes=dot_bytes or hw.dot_output_bytes
+        )
+        in_flight = in_flight_microbatches(schedule, stage, m, v)
+        stored = per_layer * local_layers * in_flight
+        # the block being differentiated: its residuals (recomputed under remat) and their
+        # cotangents, about as large again
+        full = layer_activation_bytes(w, micro_batch=b, tensor=tensor, remat="none")
+        working = full * (2 if remat != "none" else 1)
+        activations = stored + working
+        logits = w.logits_bytes * w.seq * b * w.vocab / tensor + 2 * c * w.seq * b * w.d_model
+        inputs = w.input_bytes_per_token * w.seq * b * m
+        table = w.vocab * w.d_model / tensor
+        if fsdp > 1 and zero == 3:
+            layers_alive = local_layers if remat == "none" else 2
+            gathered = (layers_alive * layer_t + table * (2 if not w.tied else 1)) * c
+        else:
+            gathered = 0.0
+        tokens = w.batch * w.seq / replicas
+        layer_flops = 6 * w.layer_matmul_params() + 12 * w.seq * w.q_width
+        if remat == "block":  # the forward pass again, but for the MLP-down matmul, whose
+            # output only feeds the block output (dead code when recomputing gradients' inputs)
+            recompute = (w.layer_matmul_params() - w.d_model * w.ff) * 2
+            layer_flops += recompute + 4 * w.seq * w.q_width
+        head_flops = 6 * w.d_model * w.vocab
+        flops = tokens * (local_layers * layer_flops + head_flops) / tensor
+        model_flops = w.tokens * w.model_flops_per_token()
+        act_bytes_tp = c * w.seq * b * w.d_model
+        tp_count = (local_layers * _tp_all_reduces(w, remat) + 2) * m
+        block_c = local_layers * layer_t * c  # the scanned blocks' share of the weights
+        gather_calls = local_layers + 1  # each block, then embedding and head together
+    else:
+        w = workload
+        if tensor > 1 or stage > 1:
+            raise ValueError(
+                f"workload {w.name!r} is a Dense model: only data and fsdp degrees apply; "
+                "fix: tensor=1, stage=1."
+            )
+        n_stage = float(w.params)
+        activations = w.activation_bytes_per_example * b * c / 2
+        logits = 0.0
+        inputs = w.input_bytes_per_example * b * m
+        gathered = 2 * w.largest_layer_params * c if (fsdp > 1 and zero == 3) else 0.0
+        flops = w.flops_per_example * w.batch / replicas
+        model_flops = w.flops_per_example * w.batch
+        act_bytes_tp, tp_count = 0.0, 0
+        block_c = float(w.params) * c
+        gather_calls = max(w.layers, 1)
+
+    state = model_state_bytes(n_stage, zero=zero, shards=max(fsdp, 1), precision=prec,
+                              optimizer=w.optimizer)  # fmt: skip
+    # fp32 weights (no master copy): each micro-batch's gradients exist next to the
+    # accumulator; with a master copy they accumulate in place into the main gradient buffer
+    grads = state.grads * (2 if m > 1 and prec.master == 0 else 1)
+    if prec.params != c:  # fp32 weights cast to the compute dtype
+        gathered += n_stage / (fsdp if zero == 3 else 1) * c
+
+    # -- communication ------------------------------------------------------------------
+    coll: dict[str, float] = {}
+    times = {"tensor": 0.0, "fsdp": 0.0, "data": 0.0, "stage": 0.0}
+
+    def add(kind, nbytes, count, axis, size, inner):
+        if size <= 1 or count <= 0:
+            return
+        coll[kind] = coll.get(kind, 0.0) + count * comm.bytes_moved(kind, nbytes, size)
+        times[axis] += count * comm.collective_time(kind, nbytes, size, hw, inner=inner)
+
+    weights_c = n_stage * c
+    per_micro = {"all-gather": 0.0}  # seconds of traffic repeated per micro-batch
+    if fsdp > 1 and zero == 3:  # gathered and reduced one layer at a time
+        passes = 1 if remat == "none" else 2
+        calls = gather_calls
+        # the blocks are gathered again when remat recomputes them; the embedding, head and
+        # final norm live outside the scanned, rematerialised blocks and are gathered once
+        blocks = calls - 1 if isinstance(w, Transformer) else calls
+        add("all-gather", block_c / blocks, passes * m * blocks, "fsdp", fsdp, tensor)
+        add("all-gather", weights_c - block_c, m, "fsdp", fsdp, tensor)
+        add("reduce-scatter", weights_c / calls, m * calls, "fsdp", fsdp, tensor)
+        per_micro["all-gather"] = times["fsdp"]
+    elif fsdp > 1:
+        add("reduce-scatter", weights_c, 1, "fsdp", fsdp, tensor)
+        add("all-gather", n_stage * wb, 1, "fsdp", fsdp, tensor)
+    add("all-reduce", weights_c / max(fsdp, 1), 1, "data", data, tensor * fsdp)
+    add("all-reduce", act_bytes_tp, tp_count, "tensor", tensor, 1)
+    if isinstance(w, Transformer):  # vocab-parallel softmax: max, sum and target logit (f32)
+        add("all-reduce", 4 * w.seq * b, 3 * m, "tensor", tensor, 1)
+    add("all-reduce", 4, 1, "data", replicas, tensor)  # the loss, averaged over the batch
+    add("collective-permute", act_bytes_tp, 2 * m * v, "stage", stage, tensor * fsdp * data)
+
+    # -- time -----------------------------------------------------------------------------
+    compute = flops / (peak * hw.mfu_ceiling)
+    core_work = compute + times["tensor"] + times["stage"]
+    core = core_work / (1 - bubble_fraction(stage, m, v))  # x (v m + p - 1) / (v m)
+    bubble = core - core_work
+    # ZeRO-3 traffic recurs per micro-batch and overlaps the whole step; the once-per-step
+    # gradient reduction (and ZeRO-1's gather) waits for the last micro-batch's backward
+    # pass (after the pipeline flush), so only that much compute can hide it.
+    micro = per_micro["all-gather"]
+    once = times["fsdp"] + times["data"] - micro
+    o = hw.overlap
+    exposed = micro - o * min(micro, core) + once - o * min(once, core_work / m)
+    update = 2 * (state.params + state.grads + state.optimizer) / hw.hbm_bw
+    step = core + exposed + update
+    devices = replicas * tensor * stage
+    parts = {
+        "compute": compute,
+        "tensor all-reduces": times["tensor"],
+        "pipeline bubble": bubble,
+        "pipeline sends": times["stage"],
+        "fsdp/data communication": times["fsdp"] + times["data"],  # before overlap
+    }
+    bottleneck = max(parts, key=parts.get)
+    return Candidate(
+        data=data, fsdp=fsdp, tensor=tensor, stage=stage, zero=zero, microbatches=m,
+        micro_batch=b, remat=remat, schedule=schedule if stage > 1 else "",
+        param_bytes=state.params, grad_bytes=grads, opt_bytes=state.optimizer,
+        activation_bytes=activations, gathered_bytes=gathered, logits_bytes=logits,
+        input_bytes=inputs, budget_bytes=hw.usable_bytes, collectives=coll,
+        comm_time={k: t for k, t in times.items() if t}, flops=flops, model_flops=model_flops,
+        compute_time=compute, bubble_time=bubble, exposed_comm_time=exposed,
+        update_time=update, step_time=step, mfu=model_flops / (step * devices * peak),
+        hfu=flops / (step * peak), bottleneck=bottleneck, virtual=v,
+    )  # fmt: skip
+
+
+def _tp_all_reduces(w: Transformer, remat: str) -> int:
+    """b x s x h all-reduces per block per micro-batch under Megatron tensor parallelism.
+
+    Forward: after the attention output and the MLP-down row-parallel matmuls (2). Backward:
+    the input gradients of the column-parallel q/k/v and MLP-up (and gate) matmuls are partial
+    sums, one all-reduce per kernel (Megatron fuses q/k/v and gate/up: 2; separate kernels, as
+    in shardkit's GPT: 3 + 1 or 2). "block" remat reruns the attention-output all-reduce (the
+    MLP-down one only feeds the block output, dead in the recomputation).
+    """
+    backward = 2 if w.fused_qkv else 3 + (2 if w.gated else 1)
+    return 2 + backward + (1 if remat == "block" else 0)
+
+
+def divisors(n: int) -> list[int]:
+    """Divisors of n in increasing order."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return small + [n // d for d in reversed(small) if d * d != n]

@@ -1,0 +1,277 @@
+"""Hardware profiles: peak FLOP/s, memory, link bandwidths and achievable fractions per chip.
+
+Bandwidths are stored **per chip, per direction** (bytes/s), as the scaling book does:
+
+* `intra_bw`: inside the fast domain (NVLink/NVSwitch node, xGMI mesh, TPU ICI slice). For
+  TPUs this is one ICI link; a ring over a torus axis with wraparound uses a link in each
+  direction, so a mesh axis gets `2 * intra_bw` (`axis_bw`).
+* `inter_bw`: leaving the domain (InfiniBand NIC per GPU, TPU data-centre network per chip).
+
+Sources (figures as collected in the project's planner notes):
+
+* SB-g: jax-ml/scaling-book `gpus.md` (H100 450 GB/s NVLink per GPU, 400 GB/s node egress on a
+  DGX H100 SuperPod, B200 900 GB/s, B200 HBM 8.0 TB/s, ring busBW ~370 of 450 GB/s).
+* SB-t: jax-ml/scaling-book `tpus.md` (ICI 45 GB/s per link per direction on v4/v5e, 90 on
+  v5p/v6e as the effective value; ~1 us per hop; topologies and pod sizes).
+* GC: cloud.google.com/tpu/docs/{v5e,v5p,v6e} (peak bf16, HBM size and bandwidth, DCN).
+* GK: glennklockwood.com/garden/processors/{A100,h100,B200} quoting NVIDIA datasheets
+  (dense bf16 312 / 989 / 2,250 TFLOP/s; HBM 80 GB 2.039 TB/s, 80 GB 3.35 TB/s, 180 GB usable).
+* nccl-tests#149 (8xA100 busBW ~200 of 300 GB/s), #212 (8xH100 ~370 of 450), #290 (NDR
+  46-49 of 50 GB/s per NIC); nccl#1244 (cross-node all-reduce latency floor ~46 us).
+* MI300X: wheelersnetwork 2024-01 (7 xGMI links x 64 GB/s per direction, HBM 192 GB 5.3 TB/s);
+  peak FLOP/s recalled from AMD's datasheet (1,307 bf16 dense). No RCCL measurement was found,
+  so its achievable fractions are assumptions.
+* CPU: this machine (`lscpu`: 2 AMD EPYC cores at 2.6 GHz with AVX-512 FMA, i.e. 2 x 2.6e9 x
+  32 FLOP/cycle in f32; XLA:CPU runs bf16 matmuls at about f32 speed). Simulated devices share
+  these cores: the profile exists to plan the tests' 8-device meshes, not to predict speed.
+
+Achievable fractions are parameters (`Hardware.replace(mfu_ceiling=...)`):
+
+* `mfu_ceiling`: the share of peak a large bf16 matmul-bound training step reaches with no
+  communication or bubble. Calibrated per chip from published runs: A100 0.62 (Megatron,
+  arXiv:2104.04473: 138-163 TFLOP/s per GPU with recomputation, i.e. ~45-52% of peak after its
+  tensor-parallel all-reduces and bubble), H100 0.39 (torchtitan, Llama-3.1 8B FSDP on 8 GPUs:
+  33-39% MFU; Megatron-LM's fused kernels reach 41-48%; H200, B200 and MI300X assumed alike),
+  TPU v4 0.6 (PaLM: 46.2% MFU, 57.8% HFU), v5p 0.7 and
+  v5e 0.6 (MaxText README: 64-72% and 55-61%).
+* `eff_intra` / `eff_inter`: achieved over nominal bandwidth (NVLink ring 0.82, IB 0.92,
+  ICI 0.9 assumed).
+
+Example:
+    >>> h100 = get_hardware("h100")
+    >>> h100.peak("bf16") / 1e12, h100.hbm_bytes / 1e9
+    (989.0, 80.0)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal
+
+Topology = Literal["switch", "mesh", "torus2d", "torus3d", "host"]
+
+
+class UnknownHardwareError(ValueError):
+    """A hardware name that has no profile."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Hardware:
+    """One accelerator chip and how it is connected.
+
+    Attributes:
+        name: profile name (lower case).
+        description: one line for tables.
+        peak_flops: dtype -> dense peak FLOP/s per chip ("bf16", "fp8", "fp32", ...).
+        hbm_bytes: device memory in bytes.
+        hbm_bw: device memory bandwidth in bytes/s.
+        intra_bw: bytes/s per chip per direction inside the fast domain (one ICI link on TPU).
+        inter_bw: bytes/s per chip per direction between domains.
+        domain: chips in one fast domain (GPUs per NVLink node, chips per TPU slice/pod).
+        topology: "switch" (NVSwitch), "mesh" (all-to-all links), "torus2d"/"torus3d" (TPU ICI),
+            "host" (simulated devices in one process).
+        latency_intra: seconds per collective step inside the domain (per hop on a torus).
+        latency_inter: seconds per collective call across domains.
+        eff_intra: achieved / nominal bandwidth inside the domain.
+        eff_inter: achieved / nominal bandwidth across domains.
+        mfu_ceiling: share of peak a matmul-bound step reaches without communication.
+        memory_fraction: share of `hbm_bytes` a plan may use (the rest: runtime, fragmentation).
+        overlap: share of data-parallel/FSDP communication hidden behind compute (1 = fully).
+        dot_output_bytes: bytes of a bf16 matmul's output as the compiler keeps it (None: the
+            compute dtype; XLA:CPU runs bf16 matmuls in f32 and keeps f32 outputs: 4).
+        source: where the figures come from.
+    """
+
+    name: str
+    description: str
+    peak_flops: dict[str, float]
+    hbm_bytes: float
+    hbm_bw: float
+    intra_bw: float
+    inter_bw: float
+    domain: int
+    topology: Topology
+    latency_intra: float = 5e-6
+    latency_inter: float = 25e-6
+    eff_intra: float = 0.82
+    eff_inter: float = 0.92
+    mfu_ceiling: float = 0.5
+    memory_fraction: float = 0.9
+    overlap: float = 0.9
+    dot_output_bytes: int | None = None
+    source: str = ""
+
+    def __post_init__(self):
+        for field in ("eff_intra", "eff_inter", "mfu_ceiling", "memory_fraction", "overlap"):
+            value = getattr(self, field)
+            if not 0 < value <= 1 and not (field == "overlap" and value == 0):
+                raise ValueError(
+                    f"Hardware {self.name!r}: {field}={value} must lie in (0, 1]; "
+                    f"fix: Hardware.replace({field}=0.9)."
+                )
+        if self.domain < 1:
+            raise ValueError(f"Hardware {self.name!r}: domain={self.domain} must be >= 1.")
+
+    def peak(self, dtype: str = "bf16") -> float:
+        """Dense peak FLOP/s for `dtype`.
+
+        Raises:
+            ValueError: if the chip has no figure for `dtype` (the message lists those it has).
+        """
+        key = _DTYPE_ALIASES.get(dtype, dtype)
+        if key not in self.peak_flops:
+            raise ValueError(
+                f"hardware {self.name!r} has no peak FLOP/s for dtype {dtype!r}; it has "
+                f"{sorted(self.peak_flops)}; fix: use one of those."
+            )
+        return self.peak_flops[key]
+
+    @property
+    def usable_bytes(self) -> float:
+        """Device memory a plan may fill: `hbm_bytes * memory_fraction`."""
+        return self.hbm_bytes * self.memory_fraction
+
+    @property
+    def torus(self) -> bool:
+        return self.topology.startswith("torus")
+
+    def axis_bw(self) -> float:
+        """Nominal bytes/s per chip for a collective along one mesh axis inside the domain.
+
+        A torus axis with wraparound uses one link in each direction (2 x one link, the
+        scaling book's bidirectional W_ICI); a switch or mesh gives each chip its full egress.
+        """
+        return 2 * self.intra_bw if self.torus else self.intra_bw
+
+    def node_egress(self) -> float:
+        """Nominal bytes/s leaving one domain node: inter_bw x chips per node (8 for GPUs)."""
+        return self.inter_bw * min(self.domain, 8)
+
+    def replace(self, **changes) -> Hardware:
+        """A copy with some fields changed, e.g. `replace(mfu_ceiling=0.4)`."""
+        return dataclasses.replace(self, **changes)
+
+
+_DTYPE_ALIASES = {"bfloat16": "bf16", "float32": "fp32", "f32": "fp32", "float8": "fp8"}
+
+_GB = 1e9
+_T = 1e12
+
+PROFILES: dict[str, Hardware] = {
+    "a100": Hardware(
+        name="a100", description="NVIDIA A100 SXM 80GB, 8 per NVSwitch node, HDR InfiniBand",
+        peak_flops={"bf16": 312 * _T, "fp16": 312 * _T, "tf32": 156 * _T, "fp32": 19.5 * _T},
+        hbm_bytes=80 * _GB, hbm_bw=2.039 * _T, intra_bw=300 * _GB, inter_bw=25 * _GB,
+        domain=8, topology="switch", eff_intra=0.67, mfu_ceiling=0.62,
+        source="GK (datasheet), SB-g, nccl-tests#149",
+    ),
+    "a100-40gb": Hardware(
+        name="a100-40gb", description="NVIDIA A100 SXM 40GB",
+        peak_flops={"bf16": 312 * _T, "fp16": 312 * _T, "tf32": 156 * _T, "fp32": 19.5 * _T},
+        hbm_bytes=40 * _GB, hbm_bw=1.555 * _T, intra_bw=300 * _GB, inter_bw=25 * _GB,
+        domain=8, topology="switch", eff_intra=0.67, mfu_ceiling=0.62,
+        source="GK (datasheet), SB-g, nccl-tests#149",
+    ),
+    "h100": Hardware(
+        name="h100", description="NVIDIA H100 SXM 80GB, 8 per NVSwitch node, NDR 400G per GPU",
+        peak_flops={"bf16": 989 * _T, "fp16": 989 * _T, "fp8": 1979 * _T, "fp32": 67 * _T},
+        hbm_bytes=80 * _GB, hbm_bw=3.35 * _T, intra_bw=450 * _GB, inter_bw=50 * _GB,
+        domain=8, topology="switch", mfu_ceiling=0.39,
+        source="GK (datasheet), SB-g, nccl-tests#212/#290",
+    ),
+    "h100-96gb": Hardware(
+        name="h100-96gb", description="NVIDIA H100 96GB HBM2e at 500 W (torchtitan's benchmarks)",
+        peak_flops={"bf16": 989 * _T, "fp16": 989 * _T, "fp8": 1979 * _T, "fp32": 67 * _T},
+        hbm_bytes=96 * _GB, hbm_bw=2.4 * _T, intra_bw=450 * _GB, inter_bw=50 * _GB,
+        domain=8, topology="switch", mfu_ceiling=0.39,
+        source="torchtitan benchmarks/llama3_h100_202412 (peak between SXM and NVL: SXM used)",
+    ),
+    "h200": Hardware(
+        name="h200", description="NVIDIA H200 SXM 141GB, 8 per NVSwitch node",
+        peak_flops={"bf16": 989 * _T, "fp16": 989 * _T, "fp8": 1979 * _T, "fp32": 67 * _T},
+        hbm_bytes=141 * _GB, hbm_bw=4.8 * _T, intra_bw=450 * _GB, inter_bw=50 * _GB,
+        domain=8, topology="switch", mfu_ceiling=0.39, source="SB-g",
+    ),
+    "b200": Hardware(
+        name="b200", description="NVIDIA B200 (1000 W) 180GB usable, NVLink5, 8 per node",
+        peak_flops={"bf16": 2250 * _T, "fp16": 2250 * _T, "fp8": 4500 * _T, "fp32": 80 * _T},
+        hbm_bytes=180 * _GB, hbm_bw=8.0 * _T, intra_bw=900 * _GB, inter_bw=50 * _GB,
+        domain=8, topology="switch", mfu_ceiling=0.39, source="GK (datasheet), SB-g",
+    ),
+    "mi300x": Hardware(
+        name="mi300x", description="AMD MI300X 192GB, 8-GPU xGMI mesh (7 links x 64 GB/s)",
+        peak_flops={"bf16": 1307 * _T, "fp16": 1307 * _T, "fp8": 2615 * _T, "fp32": 163 * _T},
+        hbm_bytes=192 * _GB, hbm_bw=5.3 * _T, intra_bw=448 * _GB, inter_bw=50 * _GB,
+        domain=8, topology="mesh", eff_intra=0.7, mfu_ceiling=0.39,
+        source="wheelersnetwork 2024-01; peak recalled from AMD's datasheet; fractions assumed",
+    ),
+    "tpu-v4": Hardware(
+        name="tpu-v4", description="TPU v4 32GB, 3-D torus ICI, 4096-chip pod",
+        peak_flops={"bf16": 275 * _T, "int8": 275 * _T},
+        hbm_bytes=32 * _GB, hbm_bw=1.2 * _T, intra_bw=45 * _GB, inter_bw=6.25 * _GB,
+        domain=4096, topology="torus3d", latency_intra=1e-6, eff_intra=0.9, mfu_ceiling=0.6,
+        source="SB-t; PaLM (arXiv:2204.02311) for the ceiling",
+    ),
+    "tpu-v5e": Hardware(
+        name="tpu-v5e", description="TPU v5e 16GB, 2-D torus ICI 16x16",
+        peak_flops={"bf16": 197 * _T, "int8": 394 * _T},
+        hbm_bytes=16 * _GB, hbm_bw=0.82 * _T, intra_bw=45 * _GB, inter_bw=3.125 * _GB,
+        domain=256, topology="torus2d", latency_intra=1e-6, eff_intra=0.9, mfu_ceiling=0.6,
+        source="GC, SB-t; MaxText v5e README for the ceiling",
+    ),
+    "tpu-v5p": Hardware(
+        name="tpu-v5p", description="TPU v5p 95GB, 3-D torus ICI, slices to 8960 chips",
+        peak_flops={"bf16": 459 * _T, "int8": 918 * _T, "fp8": 459 * _T},
+        hbm_bytes=95 * _GB, hbm_bw=2.765 * _T, intra_bw=90 * _GB, inter_bw=6.25 * _GB,
+        domain=8960, topology="torus3d", latency_intra=1e-6, eff_intra=0.9, mfu_ceiling=0.7,
+        source="GC, SB-t (90 GB/s effective per link); MaxText README for the ceiling",
+    ),
+    "tpu-v6e": Hardware(
+        name="tpu-v6e", description="TPU v6e (Trillium) 32GB, 2-D torus ICI 16x16",
+        peak_flops={"bf16": 918 * _T, "int8": 1836 * _T},
+        hbm_bytes=32 * _GB, hbm_bw=1.64 * _T, intra_bw=90 * _GB, inter_bw=12.5 * _GB,
+        domain=256, topology="torus2d", latency_intra=1e-6, eff_intra=0.9, mfu_ceiling=0.55,
+        source="GC, SB-t; MaxText custom-model guide (39.8% at 900B dense) for the ceiling",
+    ),
+    "cpu": Hardware(
+        name="cpu", description="this machine: 2 AMD EPYC cores, simulated devices in one host",
+        peak_flops={"bf16": 166 * _GB, "fp32": 166 * _GB},
+        hbm_bytes=24 * 2**30, hbm_bw=20 * _GB, intra_bw=10 * _GB, inter_bw=10 * _GB,
+        domain=1 << 20, topology="host", latency_intra=20e-6, eff_intra=1.0, eff_inter=1.0,
+        mfu_ceiling=0.3, dot_output_bytes=4,
+        source="lscpu on this machine (2 cores x 2.6 GHz x 32 FLOP/cycle)",
+    ),
+}  # fmt: skip
+
+_ALIASES = {"a100-80gb": "a100", "h100-sxm": "h100", "v4": "tpu-v4", "v5e": "tpu-v5e",
+            "v5p": "tpu-v5p", "v6e": "tpu-v6e", "trillium": "tpu-v6e", "host": "cpu"}  # fmt: skip
+
+
+def known_hardware() -> list[str]:
+    """Names of the built-in profiles."""
+    return sorted(PROFILES)
+
+
+def get_hardware(name: str | Hardware) -> Hardware:
+    """Returns the profile called `name` (case-insensitive; "v5p" = "tpu-v5p").
+
+    Args:
+        name: a profile name or a `Hardware` (returned unchanged).
+
+    Raises:
+        UnknownHardwareError: for an unknown name; the message lists the known ones.
+
+    Example:
+        >>> get_hardware("v5p").name
+        'tpu-v5p'
+    """
+    if isinstance(name, Hardware):
+        return name
+    key = str(name).strip().lower().replace("_", "-")
+    key = _ALIASES.get(key, key)
+    if key not in PROFILES:
+        raise UnknownHardwareError(
+            f"unknown hardware {name!r}; known: {', '.join(known_hardware())}; fix: pass one "
+            "of those, or a shardkit.plan.Hardware(...) with your chip's figures."
+        )
+    return PROFILES[key]

@@ -1,0 +1,125 @@
+"""How a `Plan` prints: a ranked rich table and a paragraph on why the top row wins."""
+
+from __future__ import annotations
+
+from typing import Any
+
+_SHORT = {
+    "all-gather": "AG",
+    "reduce-scatter": "RS",
+    "all-reduce": "AR",
+    "all-to-all": "A2A",
+    "collective-permute": "P2P",
+}
+
+
+def _gb(x: float) -> str:
+    """Bytes with a unit: GB, MB, KB or B."""
+    for scale, unit in ((1e9, "GB"), (1e6, "MB"), (1e3, "KB")):
+        if abs(x) >= scale:
+            return f"{x / scale:.1f} {unit}"
+    return f"{x:.0f} B"
+
+
+def _time(s: float) -> str:
+    if s < 1e-3:
+        return f"{s * 1e6:.0f} us"
+    return f"{s * 1e3:.0f} ms" if s < 1 else f"{s:.2f} s"
+
+
+def collectives_text(c) -> str:
+    """`AG 12.3 GB RS 12.3 GB AR 400.0 MB`: bytes each device moves per step, by kind."""
+    return " ".join(f"{_SHORT[k]} {_gb(v)}" for k, v in c.collectives.items()) or "none"
+
+
+def table(plan, top: int = 8):
+    """A rich Table of the `top` fastest layouts.
+
+    Columns: rank, layout, remat policy, micro-batches x sequences per micro-batch, weights /
+    gradients / optimizer state per device, activations (+ logits), peak, bytes each device
+    moves per step per collective kind, step time, MFU, bottleneck.
+    """
+    from rich.table import Table
+
+    hw = plan.hardware
+    title = (
+        f"{plan.workload.name}: {plan.workload.n_params() / 1e9:.2f}B params, batch "
+        f"{plan.workload.batch}, on {plan.devices} x {hw.name} ({_gb(hw.usable_bytes)} of "
+        f"{_gb(hw.hbm_bytes)} usable) - {len(plan.candidates)} layouts fit"
+    )
+    t = Table(title=title, title_justify="left")
+    for col, just in [
+        ("#", "right"), ("layout", "left"), ("remat", "left"), ("m x b", "right"),
+        ("w / g / opt", "right"), ("act", "right"), ("peak", "right"),
+        ("collectives per step", "left"), ("step", "right"), ("MFU", "right"),
+        ("bottleneck", "left"),
+    ]:  # fmt: skip
+        t.add_column(col, justify=just)
+    for i, c in enumerate(plan.candidates[:top], 1):
+        state = f"{_gb(c.param_bytes)} / {_gb(c.grad_bytes)} / {_gb(c.opt_bytes)}"
+        t.add_row(
+            str(i), c.layout, c.remat, f"{c.microbatches} x {c.micro_batch}", state,
+            _gb(c.activation_bytes + c.logits_bytes), _gb(c.peak_bytes), collectives_text(c),
+            _time(c.step_time), f"{c.mfu:.0%}", c.bottleneck,
+        )  # fmt: skip
+    return t
+
+
+def why(plan) -> str:
+    """One paragraph on the top layout: memory, time split, and what the runner-up loses."""
+    c = plan.best
+    hw = plan.hardware
+    w = plan.workload
+    state = c.param_bytes + c.grad_bytes + c.opt_bytes
+    parts = [f"{c.layout} is predicted fastest: {_time(c.step_time)} per step, MFU {c.mfu:.0%}."]
+    zero = {0: "replicated", 1: "ZeRO-1: optimizer state split", 3: "ZeRO-3: all split"}[c.zero]
+    parts.append(
+        f"Per device it holds {_gb(state)} of model state ({zero}), "
+        f"{_gb(c.activation_bytes + c.logits_bytes)} of activations (remat={c.remat}, "
+        f"{c.microbatches} micro-batch{'es' if c.microbatches > 1 else ''} of {c.micro_batch}) "
+        f"and {_gb(c.gathered_bytes)} of gathered or cast weights: {_gb(c.peak_bytes)} of "
+        f"{_gb(hw.usable_bytes)} usable."
+    )
+    split = [f"compute {_time(c.compute_time)}"]
+    for axis, t in c.comm_time.items():
+        split.append(f"{axis} collectives {_time(t)}")
+    if c.bubble_time:
+        split.append(f"pipeline bubble {_time(c.bubble_time)}")
+    parts.append(
+        f"The step is {c.bottleneck}-bound ({', '.join(split)}; data-parallel and FSDP "
+        f"traffic overlaps compute, {_time(c.exposed_comm_time)} exposed)."
+    )
+    full = _replicated_state(w)
+    if full > hw.usable_bytes:
+        parts.append(
+            f"Plain data parallelism would need {_gb(full)} of model state per device, "
+            "more than fits."
+        )
+    if len(plan.candidates) > 1:
+        r = plan.candidates[1]
+        parts.append(
+            f"Runner-up {r.layout} (remat={r.remat}) takes {_time(r.step_time)} "
+            f"({r.step_time / c.step_time - 1:+.0%}), {r.bottleneck}-bound."
+        )
+    return " ".join(parts)
+
+
+def _replicated_state(w: Any) -> float:
+    from shardkit.plan.memory import model_state_bytes
+
+    return model_state_bytes(
+        w.n_params(), zero=0, shards=1, precision=w.precision, optimizer=w.optimizer
+    ).total
+
+
+def render(plan, top: int = 8, width: int = 160) -> str:
+    """Table + why paragraph as plain text."""
+    import io
+
+    from rich.console import Console
+
+    buf = io.StringIO()
+    console = Console(file=buf, width=width, color_system=None, force_terminal=False)
+    console.print(table(plan, top=top))
+    console.print("Why: " + why(plan), soft_wrap=False)
+    return buf.getvalue()

@@ -1,0 +1,344 @@
+"""The search: every data x fsdp x tensor x stage layout, ranked by predicted step time.
+
+`plan(workload, devices=, hardware=, batch=)` enumerates the degrees whose product is the
+device count and that the shapes allow (tensor divides the heads and F, stage divides the
+layers, data x fsdp x micro-batches divides the batch), the ZeRO stage over "fsdp" (3 or 1;
+only 1 under a pipeline, since ZeRO-3 would gather the weights once per micro-batch), the remat
+policy and the micro-batch count. Each layout keeps its fastest variant that fits in memory;
+layouts are ranked by predicted step time.
+
+Example:
+    >>> p = plan("llama3-8b", devices=8, hardware="h100", batch=8)
+    >>> p.best.mesh_axes
+    {'fsdp': 8}
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from shardkit.plan.cost import Candidate, divisors, evaluate
+from shardkit.plan.hardware import Hardware, get_hardware
+from shardkit.plan.memory import model_state_bytes
+from shardkit.plan.workload import REMAT_POLICIES, Dense, Transformer, preset
+
+
+class NoValidLayoutError(ValueError):
+    """No data x fsdp x tensor x stage factorization of the device count fits the shapes."""
+
+
+class DoesNotFitError(ValueError):
+    """Every layout needs more memory per device than the hardware has."""
+
+
+def _as_workload(workload: Any, batch: int | None) -> Transformer | Dense:
+    if isinstance(workload, str):
+        workload = preset(workload)
+    elif hasattr(workload, "n_layers") and hasattr(workload, "d_model"):  # a GPTConfig
+        workload = Transformer.from_gpt_config(workload, batch=batch or 8)
+    if not isinstance(workload, Transformer | Dense):
+        raise TypeError(
+            f"workload {workload!r} is not a Transformer, Dense, preset name or GPTConfig; "
+            "fix: shardkit.plan.Transformer.preset('gpt3-175b')."
+        )
+    return workload.replace(batch=batch) if batch is not None else workload
+
+
+def _layouts(w: Transformer | Dense, n: int, max_stage: int | None):
+    """(data, fsdp, tensor, stage) tuples allowed by the shapes, and why others were not."""
+    out = []
+    for t in divisors(n):
+        if isinstance(w, Dense) and t > 1:
+            continue
+        if isinstance(w, Transformer) and (w.heads % t or w.ff % t or (w.kv % t and t % w.kv)):
+            continue
+        for p in divisors(n // t):
+            if (isinstance(w, Dense) and p > 1) or (max_stage and p > max_stage):
+                continue
+            if isinstance(w, Transformer) and w.layers % p and not w.uneven_stages:
+                continue
+            for f in divisors(n // (t * p)):
+                d = n // (t * p * f)
+                if w.batch % (d * f) == 0 and (p == 1 or w.batch // (d * f) >= p):
+                    out.append((d, f, t, p))
+    return out
+
+
+def plan(
+    workload: Any,
+    *,
+    devices: int,
+    hardware: str | Hardware = "h100",
+    batch: int | None = None,
+    remat: str | None = None,
+    schedule: str = "1f1b",
+    virtual: int = 2,
+    max_stage: int | None = None,
+    zero: tuple[int, ...] = (3, 1),
+) -> Plan:
+    """Ranks every layout of `workload` on `devices` chips of `hardware` by step time.
+
+    Args:
+        workload: a `Transformer`, `Dense`, preset name ("gpt3-175b", "llama3-8b", ...) or a
+            shardkit `GPTConfig`.
+        devices: number of chips.
+        hardware: profile name ("h100", "a100", "tpu-v5p", "cpu", ...) or `Hardware`.
+        batch: global batch in sequences (default: the workload's).
+        remat: fix the remat policy ("none", "dots", "block"); default the workload's
+            ("auto": the search chooses).
+        schedule: pipeline schedule for stage > 1 ("1f1b", "gpipe" or "interleaved").
+        virtual: model chunks per device for the interleaved schedule.
+        max_stage: largest pipeline degree to consider (1: no pipeline).
+        zero: ZeRO stages allowed over an "fsdp" axis (3 and/or 1); () allows no "fsdp"
+            axis (plain data parallelism replicates the state, as Megatron-LM without its
+            distributed optimizer).
+
+    Returns:
+        A `Plan`; `plan.best` is the fastest layout that fits.
+
+    Raises:
+        NoValidLayoutError: when no factorization of `devices` suits the shapes and batch.
+        DoesNotFitError: when no layout fits in memory (says by how much and what would fit).
+        UnknownHardwareError: for an unknown hardware name (lists the known ones).
+
+    Example:
+        >>> p = plan("gpt3-175b", devices=1024, hardware="a100", batch=1536)
+        >>> p.best.layout
+        'data=4 fsdp=64 tensor=4'
+        >>> p.rank(p.find(data=8, tensor=8, stage=16))  # Megatron's layout, with ZeRO allowed
+        34
+    """
+    hw = get_hardware(hardware)
+    w = _as_workload(workload, batch)
+    allowed = tuple(zero)
+    if set(allowed) - {1, 3}:
+        raise ValueError(f"zero={zero!r}: allowed stages are 1 and 3; fix: zero=(3, 1).")
+    if not isinstance(devices, int) or devices < 1:
+        raise ValueError(f"devices={devices!r} must be a positive int; fix: devices=8.")
+    layouts = _layouts(w, devices, max_stage)
+    if not layouts:
+        raise NoValidLayoutError(_no_layout_message(w, devices))
+    policies = [remat] if remat else (REMAT_POLICIES if w.remat == "auto" else [w.remat])
+    best: dict[tuple, Candidate] = {}
+    smallest: Candidate | None = None
+    evaluated = 0
+    sched = (schedule, virtual)
+    for c in _variants(w, hw, layouts, policies, allowed, sched):
+        evaluated += 1
+        if smallest is None or c.peak_bytes < smallest.peak_bytes:
+            smallest = c
+        if not c.fits:
+            continue
+        key = (c.data, c.fsdp, c.tensor, c.stage, c.zero, c.remat)
+        if key not in best or c.step_time < best[key].step_time:
+            best[key] = c
+    if not best:
+        more = _devices_that_fit(w, hw, devices, policies, allowed, sched, max_stage)
+        msg = _no_fit_message(w, hw, devices, smallest, policies, more, 3 in allowed)
+        raise DoesNotFitError(msg)
+    fastest: dict[tuple, Candidate] = {}  # one row per layout: its fastest remat policy
+    for key, c in best.items():
+        if key[:5] not in fastest or c.step_time < fastest[key[:5]].step_time:
+            fastest[key[:5]] = c
+    best = fastest
+    ranked = sorted(best.values(), key=lambda c: c.step_time)
+    return Plan(workload=w, hardware=hw, devices=devices, candidates=ranked,
+                evaluated=evaluated)  # fmt: skip
+
+
+def _variants(w, hw, layouts, policies, allowed, sched):
+    """Every (layout, ZeRO stage, remat, micro-batch count) candidate, costed.
+
+    Without a pipeline only the fewest micro-batches that fit are kept per policy: more of
+    them only repeat FSDP traffic.
+    """
+    for d, f, t, p in layouts:
+        per_replica = w.batch // (d * f)
+        ms = [m for m in divisors(per_replica) if p == 1 or m >= p]
+        if p > 1 and sched[0] == "interleaved":
+            ms = [m for m in ms if m % p == 0]
+            if isinstance(w, Transformer) and w.layers % (p * sched[1]) and not w.uneven_stages:
+                continue  # each device holds `virtual` equal chunks of layers
+        # ZeRO-3 under a pipeline would gather the weights once per micro-batch: not tried
+        zeros = [0] if f == 1 else [z for z in (3, 1) if z in allowed and (z == 1 or p == 1)]
+        for z in zeros:
+            for policy in policies:
+                for m in ms:
+                    c = evaluate(w, hw, data=d, fsdp=f, tensor=t, stage=p, zero=z,
+                                 microbatches=m, remat=policy, schedule=sched[0],
+                                 virtual=sched[1])  # fmt: skip
+                    yield c
+                    if p == 1 and c.fits:
+                        break
+
+
+def _devices_that_fit(w, hw, n, policies, allowed, sched, max_stage) -> int | None:
+    """The smallest n x 2^k (k <= 6) device count on which some layout fits, or None."""
+    for k in range(1, 7):
+        layouts = _layouts(w, n << k, max_stage)
+        if any(c.fits for c in _variants(w, hw, layouts, policies, allowed, sched)):
+            return n << k
+    return None
+
+
+def _no_layout_message(w, n: int) -> str:
+    near = [k for k in range(max(1, n - 16), n + 17) if k != n and _layouts(w, k, None)]
+    near = sorted(near, key=lambda k: (abs(k - n), k))[:4]
+    shape = (
+        f"heads={w.heads}, kv_heads={w.kv}, d_ff={w.ff}, layers={w.layers}, "
+        if isinstance(w, Transformer)
+        else ""
+    )
+    return (
+        f"no layout of {n} devices suits {w.name!r} ({shape}batch={w.batch}): data x fsdp "
+        "must divide the batch, tensor must divide the heads and d_ff, stage the layers; fix: "
+        f"use {' or '.join(map(str, sorted(near))) or 'a power of two'} devices, or a batch "
+        f"that is a multiple of {n}."
+    )
+
+
+def _gb(x: float) -> str:
+    return f"{x / 1e9:,.1f} GB"
+
+
+def _no_fit_message(w, hw: Hardware, n: int, smallest, policies, more, zero3: bool) -> str:
+    budget = hw.usable_bytes
+    state3 = model_state_bytes(w.n_params(), zero=3, shards=n, precision=w.precision,
+                               optimizer=w.optimizer).total  # fmt: skip
+    need = smallest.peak_bytes if smallest else state3
+    fixes = []
+    fit = f"a layout fits on {more} devices" if more else f"no layout fits on up to {n << 6}"
+    if state3 > budget:
+        state_devices = 2 ** math.ceil(math.log2(state3 * n / budget))
+        fixes.append(
+            f"more devices: the model state alone (ZeRO-3 over all {n}) is {_gb(state3)} per "
+            f"device, so the state alone needs at least {state_devices} devices; {fit}"
+        )
+    else:
+        fixes.append(
+            f"more devices (ZeRO-3 state over {n} is {_gb(state3)}; the rest is activations, "
+            f"split further by tensor or pipeline degrees): {fit}"
+        )
+    if "block" not in policies:
+        fixes.append("remat='block' (keeps one block input per layer)")
+    fixes.append(
+        "ZeRO-3 over an fsdp axis is already among the layouts tried"
+        if zero3
+        else "allow ZeRO-3 (zero=(3, 1), --zero 3,1): it splits weights and gradients too"
+    )
+    if smallest is not None and smallest.micro_batch > 1:
+        fixes.append(f"a smaller batch per device (micro-batch {smallest.micro_batch})")
+    else:
+        fixes.append("a smaller batch or shorter sequences (micro-batch is already 1)")
+    detail = ""
+    if smallest is not None:
+        detail = (
+            f"; the smallest layout ({smallest.layout}, remat={smallest.remat}) needs "
+            f"{_gb(smallest.peak_bytes)}: state {_gb(smallest.param_bytes + smallest.opt_bytes)}"
+            f" + gradients {_gb(smallest.grad_bytes)} + activations "
+            f"{_gb(smallest.activation_bytes + smallest.logits_bytes)}"
+        )
+    return (
+        f"{w.name!r} fits on no layout of {n} x {hw.name}: it needs at least {_gb(need)} per "
+        f"device but {_gb(budget)} is usable ({hw.memory_fraction:.0%} of "
+        f"{_gb(hw.hbm_bytes)}), {_gb(need - budget)} ({need / budget:.1f}x) too much{detail}. "
+        f"fix: {'; '.join(fixes)}."
+    )
+
+
+class Plan:
+    """Ranked layouts for one workload on one machine.
+
+    Attributes:
+        workload: the `Transformer` or `Dense` planned.
+        hardware: the `Hardware` profile.
+        devices: number of chips.
+        candidates: layouts that fit, fastest first (one per data/fsdp/tensor/stage/ZeRO).
+        evaluated: how many (layout, remat, micro-batch) variants were costed.
+
+    `print(plan)` shows the ranked table and why the top row wins; `plan.best.strategy()`
+    is the shardkit strategy of the top row; `plan.to_json()` has everything.
+    """
+
+    def __init__(self, *, workload, hardware, devices, candidates, evaluated):
+        self.workload, self.hardware, self.devices = workload, hardware, devices
+        self.candidates: list[Candidate] = list(candidates)
+        self.evaluated = evaluated
+
+    @property
+    def best(self) -> Candidate:
+        """The fastest layout that fits."""
+        return self.candidates[0]
+
+    def top(self, n: int = 5) -> list[Candidate]:
+        return self.candidates[:n]
+
+    def find(self, **degrees) -> Candidate | None:
+        """The ranked candidate with these degrees (e.g. `find(fsdp=32, tensor=8)`), or None."""
+        want = {"data": 1, "fsdp": 1, "tensor": 1, "stage": 1} | degrees
+        zero = want.pop("zero", None)
+        for c in self.candidates:
+            if all(getattr(c, k) == v for k, v in want.items()) and zero in (None, c.zero):
+                return c
+        return None
+
+    def rank(self, candidate: Candidate | None) -> int | None:
+        """1-based rank of `candidate` (None if absent)."""
+        return None if candidate is None else self.candidates.index(candidate) + 1
+
+    def verify(self, top: int = 3, **kwargs):
+        """Compiles the top layouts with shardkit's GPT and prints predicted next to compiled.
+
+        See `shardkit.plan.verify.verify` for the arguments.
+        """
+        from shardkit.plan.verify import verify
+
+        return verify(self, top=top, **kwargs)
+
+    def why(self) -> str:
+        """One paragraph: why the top layout wins, in numbers."""
+        from shardkit.plan.report import why
+
+        return why(self)
+
+    def table(self, top: int = 8):
+        """A rich `Table` of the top layouts."""
+        from shardkit.plan.report import table
+
+        return table(self, top=top)
+
+    def render(self, top: int = 8, width: int = 160) -> str:
+        """The table and the why paragraph as plain text."""
+        from shardkit.plan.report import render
+
+        return render(self, top=top, width=width)
+
+    def __str__(self) -> str:
+        return self.render()
+
+    def __repr__(self) -> str:
+        return (
+            f"Plan({self.workload.name!r} on {self.devices} x {self.hardware.name}: "
+            f"{len(self.candidates)} layouts fit, best {self.best.layout})"
+        )
+
+    def to_dict(self, top: int | None = None) -> dict[str, Any]:
+        import dataclasses
+
+        w = dataclasses.asdict(self.workload)
+        w["precision"] = str(getattr(self.workload.precision, "name", self.workload.precision))
+        return {
+            "workload": w,
+            "n_params": self.workload.n_params(),
+            "hardware": self.hardware.name,
+            "devices": self.devices,
+            "evaluated": self.evaluated,
+            "why": self.why(),
+            "candidates": [c.to_dict() for c in self.candidates[:top]],
+        }
+
+    def to_json(self, top: int | None = None, **kwargs) -> str:
+        """The plan as JSON (all fitting layouts, or the first `top`)."""
+        return json.dumps(self.to_dict(top), **({"indent": 2} | kwargs))

@@ -1,0 +1,343 @@
+"""The planner's model against closed forms, published configurations and bad input.
+
+Closed forms: the ZeRO paper's 7.5B / 64-GPU example, DeepSpeed's memory estimators (their
+documented outputs and formulas), Megatron-LM's theoretical memory, Korthikanti et al.'s
+activation table, the scaling book's critical batch sizes and tensor-parallel limit, the
+pipeline bubble. Known-good configurations: torchtitan (Llama-3.1 8B, 70B on H100) and
+Megatron-LM (GPT-3 175B on 1,024 A100).
+"""
+
+import json
+import math
+
+import pytest
+
+import shardkit
+from shardkit.cli import main
+from shardkit.plan import (
+    DoesNotFitError,
+    NoValidLayoutError,
+    Precision,
+    Transformer,
+    UnknownHardwareError,
+    evaluate,
+    get_hardware,
+    model_state_bytes,
+    plan,
+    preset,
+    roofline,
+)
+from shardkit.plan import memory as mem
+
+GB, GiB = 1e9, 2**30
+
+
+# -- model state -------------------------------------------------------------------------------
+def test_zero_paper_7_5b_on_64_gpus():
+    # Rajbhandari et al. 2019, Figure 1: 120 GB baseline, 31.4 / 16.6 / 1.9 GB for ZeRO-1/2/3
+    got = [model_state_bytes(7.5e9, zero=z, shards=64).total / GB for z in range(4)]
+    assert [round(g, 1) for g in got] == [120.0, 31.4, 16.6, 1.9]
+    assert got[1] == pytest.approx(4 * 7.5 + 12 * 7.5 / 64)  # 4Ψ + 12Ψ/N
+    assert got[2] == pytest.approx(2 * 7.5 + 14 * 7.5 / 64)  # 2Ψ + 14Ψ/N
+
+
+def test_deepspeed_estimators_reproduce_their_documented_outputs():
+    # DeepSpeed docs "Memory Requirements": 2851M params, 1 node x 8 GPUs
+    cpu, gpu = mem.deepspeed_zero2_estimate(2851e6, num_gpus_per_node=8, cpu_offload=True)
+    assert (round(cpu / GiB, 2), round(gpu / GiB, 2)) == (127.45, 5.31)
+    _, gpu = mem.deepspeed_zero2_estimate(2851e6, num_gpus_per_node=8, cpu_offload=False,
+                                          legacy=True)  # fmt: skip
+    assert round(gpu / GiB, 2) == 15.93
+    rows = [  # (offload_param, offload_optimizer, zero_init) -> (per CPU, per GPU) GB
+        ((True, True, True), (71.69, 0.12)),
+        ((True, True, False), (127.45, 0.12)),
+        ((False, True, True), (63.72, 0.78)),
+        ((False, True, False), (127.45, 0.78)),
+        ((False, False, True), (1.43, 6.09)),
+        ((False, False, False), (127.45, 6.09)),
+    ]
+    for (params, optim, init), want in rows:
+        cpu, gpu, _ = mem.deepspeed_zero3_estimate(
+            2851e6, 32e6, num_gpus_per_node=8, cpu_offload=optim,
+            cpu_offload_params=params, zero_init=init,
+        )  # fmt: skip
+        assert (round(cpu / GiB, 2), round(gpu / GiB, 2)) == want
+
+
+@pytest.mark.parametrize(
+    "params,largest,gpus,nodes",
+    [(2851e6, 32e6, 8, 1), (7.5e9, 0.2e9, 8, 8), (8_030_261_248, 525_336_576, 4, 2)],
+)
+def test_model_state_matches_deepspeed_formulas(params, largest, gpus, nodes):
+    n = gpus * nodes
+    # ZeRO-2 keeps fp16 weights whole and splits fp16 + fp32 grads, fp32 weights, Adam (18 B)
+    ds2 = Precision("deepspeed-zero2", params=2, grads=6, master=4, compute=2)
+    _, gpu2 = mem.deepspeed_zero2_estimate(params, num_gpus_per_node=gpus, num_nodes=nodes,
+                                           cpu_offload=False)  # fmt: skip
+    ours2 = model_state_bytes(params, zero=2, shards=n, precision=ds2).total
+    assert abs(ours2 - gpu2) <= 1  # DeepSpeed truncates to whole bytes
+    # ZeRO-3 splits 18 B/param and gathers the largest layer's fp16 weights and grads (4 B)
+    _, gpu3, largest_bytes = mem.deepspeed_zero3_estimate(
+        params, largest, num_gpus_per_node=gpus, num_nodes=nodes, cpu_offload=False,
+        cpu_offload_params=False,
+    )  # fmt: skip
+    ours3 = model_state_bytes(params, zero=3, shards=n, precision="megatron").total
+    assert largest_bytes == 4 * largest
+    assert abs(ours3 + 4 * largest - gpu3) <= 1
+
+
+def test_megatron_weight_and_optimizer_memory():
+    # GPT-3 175B shapes with rotary positions (Megatron counts no position table)
+    w = preset("gpt3-175b", positions=False, precision="megatron")
+    kw = dict(hidden=12288, ffn=49152, layers=96, heads=96, vocab=50257, seq=2048,
+              micro_batch=1)  # fmt: skip
+    # one device holds everything (t = p = 1): exact, 18 B/param, and 6 + 12/d with ZeRO-1
+    weights, _ = mem.megatron_theoretical_memory(**kw)
+    assert w.n_params() * 18 == weights
+    c = evaluate(w, "a100", fsdp=8, zero=1, remat="block", microbatches=192)
+    weights, _ = mem.megatron_theoretical_memory(**kw, dp=8, distributed_optimizer=True)
+    assert c.param_bytes + c.grad_bytes + c.opt_bytes == pytest.approx(weights, rel=1e-12)
+    # TP8 x PP16 x DP8: Megatron divides every parameter of a stage by t (norms too) and
+    # spreads the final norm over the p stages; we keep norms whole on each tensor rank and
+    # the final norm on the last stage, the most loaded one here (it also holds the tied head)
+    c = evaluate(w, "a100", data=8, tensor=8, stage=16, remat="block", microbatches=192)
+    weights, _ = mem.megatron_theoretical_memory(**kw, tp=8, pp=16, dp=8)
+    h = 12288
+    norms = 6 * 4 * h * (1 - 1 / 8) + 2 * h - 2 * h / (16 * 8)
+    assert c.param_bytes + c.grad_bytes + c.opt_bytes == weights + 18 * norms
+
+
+def test_activations_follow_korthikanti_table_2():
+    s, b, h, a = 2048, 2, 1024, 16
+    w = Transformer(layers=1, d_model=h, heads=a, vocab=8, seq=s, dropout=True,
+                    attention="naive")  # fmt: skip
+    sbh, t = s * b * h, 4
+    act = lambda **kw: mem.layer_activation_bytes(w, micro_batch=b, **kw)  # noqa: E731
+    assert act() == sbh * (34 + 5 * a * s / h)
+    assert act(tensor=t) == sbh * (10 + 24 / t + 5 * a * s / (h * t))
+    assert act(tensor=t, sequence_parallel=True) == sbh * (34 / t + 5 * a * s / (h * t))
+    assert act(tensor=t, remat="block") == 2 * sbh
+    # Megatron-LM's per-layer term with sequence parallelism and selective recompute,
+    # sbh(18 + 4F/h) / t, is our flash-attention block with dropout masks (flash keeps an f32
+    # log-sum-exp per row and head on top)
+    wf = w.replace(attention="flash", d_ff=3 * h)
+    got = mem.layer_activation_bytes(wf, micro_batch=b, tensor=t, sequence_parallel=True)
+    assert got - 4 * s * b * a / t == sbh * (18 + 4 * 3) / t
+    # without dropout and with flash attention: sbh x 32 (+ the log-sum-exp)
+    w32 = w.replace(attention="flash", dropout=False)
+    assert mem.layer_activation_bytes(w32, micro_batch=b) == sbh * 32 + 4 * s * b * a
+
+
+def test_pipeline_bubble_and_in_flight_microbatches():
+    assert 1 - mem.bubble_fraction(4, 4) == pytest.approx(4 / 7)  # 57.1%, not the seed's 25%
+    assert 1 - mem.bubble_fraction(8, 8) == pytest.approx(8 / 15)
+    assert mem.bubble_fraction(1, 8) == 0
+    assert mem.in_flight_microbatches("1f1b", 8, 32) == 8
+    assert mem.in_flight_microbatches("1f1b", 8, 4) == 4
+    assert mem.in_flight_microbatches("gpipe", 8, 32) == 32
+    w = preset("gpt3-175b")
+    one = evaluate(w, "a100", data=8, tensor=8, stage=16, microbatches=192, remat="block")
+    gp = evaluate(w, "a100", data=8, tensor=8, stage=16, microbatches=192, remat="block",
+                  schedule="gpipe")  # fmt: skip
+    per_layer = mem.layer_activation_bytes(w, micro_batch=1, tensor=8, remat="block")
+    work = 2 * mem.layer_activation_bytes(w, micro_batch=1, tensor=8)  # residuals + cotangents
+    assert one.activation_bytes == pytest.approx(per_layer * 6 * 16 + work)  # 16 in flight
+    assert gp.activation_bytes == pytest.approx(per_layer * 6 * 192 + work)  # all 192
+    assert one.bubble_time / one.step_time < 15 / (192 + 15)
+    # interleaved 1F1B with v = 2 chunks per device: bubble (p-1)/(v m + p-1), twice the sends,
+    # activations x (1 + (p-1)/(p v)) (Narayanan et al. 2021)
+    il = evaluate(w, "a100", data=8, tensor=8, stage=16, microbatches=192, remat="block",
+                  schedule="interleaved", virtual=2)  # fmt: skip
+    busy = one.step_time - one.bubble_time - one.exposed_comm_time - one.update_time
+    assert one.bubble_time == pytest.approx(busy * 15 / 192)
+    busy = il.step_time - il.bubble_time - il.exposed_comm_time - il.update_time
+    assert il.bubble_time == pytest.approx(busy * 15 / (2 * 192))
+    sends = "collective-permute"
+    assert il.collectives[sends] == pytest.approx(2 * one.collectives[sends])
+    assert il.activation_bytes - work == pytest.approx(per_layer * 6 * 16 * (1 + 15 / 32))
+    assert il.layout == "stage=16 data=8 tensor=8 (interleaved x2)"
+    with pytest.raises(ValueError, match="multiple of the stage degree"):
+        evaluate(w, "a100", data=8, tensor=8, stage=16, microbatches=24, schedule="interleaved")
+
+
+# -- scaling book ------------------------------------------------------------------------------
+def test_scaling_book_critical_batch_sizes():
+    assert round(roofline.matmul_batch("tpu-v5e")) == 240
+    assert roofline.matmul_batch("h100") == pytest.approx(298, rel=0.01)  # book: 1e15 / 3.35e12
+    assert round(roofline.dp_batch("tpu-v5p")) == 2550
+    assert round(roofline.dp_batch("tpu-v5p", axes=3)) == 850
+    # the book rounds 989e12 / 450e9 = 2197.8 and 989e12 / 400e9 = 2472.5
+    assert roofline.dp_batch("h100") == pytest.approx(2200, rel=0.002)
+    assert roofline.dp_batch("h100", across_nodes=True) == pytest.approx(2475, rel=0.002)
+
+
+def test_scaling_book_tensor_parallel_limit_and_fsdp_tp_split():
+    f = 32768
+    assert roofline.tp_max_degree("tpu-v5p", f) == pytest.approx(f / 2550)
+    assert roofline.tp_max_degree("h100", 28672) == pytest.approx(28672 / 2197.78, rel=1e-5)
+    x = roofline.fsdp_tp_optimal(tokens=4 * 2**20, d_ff=f, devices=256)
+    assert x == pytest.approx(math.sqrt(128 * 256))  # sqrt(B/F x N) with M_X = M_Y
+    alpha = 2550
+    assert roofline.fsdp_tp_min_batch("tpu-v5p", f, 2, 1) == pytest.approx(4 * alpha**2 / (2 * f))
+
+
+# -- against the compiled shardkit GPT (figures from shardkit.plan.measure on 8 devices) -----
+def test_arguments_and_flops_for_shardkit_gpt_closed_form():
+    from shardkit.models import GPTConfig
+
+    cfg = GPTConfig(vocab=256, d_model=128, n_layers=4, n_heads=4, seq_len=64, remat="block")
+    w = Transformer.from_gpt_config(cfg, batch=16)
+    assert w.n_params() == cfg.n_params() == 861_312
+    tokens = 16 * 64
+    batch_bytes = tokens * 12  # int32 inputs, targets, f32 mask
+    for degrees, n_state in [({"data": 8}, 1), ({"fsdp": 8}, 8)]:
+        c = evaluate(w, "cpu", **degrees)
+        # fp32 weights + Adam m, v split over fsdp, the batch split 8 ways, two int32 counters
+        assert c.argument_bytes == 12 * cfg.n_params() / n_state + batch_bytes / 8 + 8
+    c = evaluate(w, "cpu", fsdp=8, remat="none")
+    layer = 6 * (4 * 128**2 + 2 * 128 * 512) + 12 * 64 * 128
+    assert c.flops == tokens / 8 * (4 * layer + 6 * 128 * 256)
+
+
+# -- known-good configurations ---------------------------------------------------------------
+def test_llama3_8b_on_8_h100_is_fsdp():
+    # torchtitan benchmarks/llama3_h100_202412: FSDP 8, local batch 2, 33-39% MFU
+    p = plan("llama3-8b", devices=8, hardware="h100", batch=16)
+    published = p.find(fsdp=8)
+    assert p.rank(published) <= 3
+    assert 0.33 <= published.mfu <= 0.39
+
+
+def test_gpt3_175b_on_1024_a100_is_tp8_pp16_dp8():
+    # Megatron-LM examples/gpt3 (TP8 x PP16) at 1,024 GPUs -> DP 8; 18 B/param without the
+    # distributed optimizer (Narayanan et al. 2021); 138-163 TFLOP/s per GPU = 44-52% of peak
+    w = preset("gpt3-175b", precision="megatron")
+    p = plan(w, devices=1024, hardware="a100", batch=1536, zero=())
+    published = p.find(data=8, tensor=8, stage=16)
+    assert p.rank(published) <= 3
+    assert 0.44 <= published.mfu <= 0.52
+    if hasattr(shardkit.strategies, "Pipeline"):  # a pipelined row runs once it exists
+        axes = published.strategy().mesh_axes(1024)
+        assert sorted(axes.items()) == sorted(published.mesh_axes.items())
+    else:
+        with pytest.raises(ValueError, match="needs pipeline parallelism"):
+            published.strategy()
+    # without a pipeline the planner picks tensor x FSDP
+    flat = plan("gpt3-175b", devices=1024, hardware="a100", batch=1536, max_stage=1).best
+    assert flat.tensor > 1 and flat.fsdp > 1 and flat.stage == 1
+
+
+def test_llama3_70b_on_256_h100_fsdp_tp8_fits_in_band():
+    # torchtitan: FSDP 32 x TP 8, global batch 512, 829 tokens/s/GPU (~41% of bf16 peak, with
+    # Float8 matmuls). The planner keeps FSDP x TP8 among the layouts that fit, with MFU in
+    # the band, but ranks FSDP-heavier layouts first (the scaling book's X_opt ~ 190).
+    p = plan("llama3-70b", devices=256, hardware="h100", batch=512)
+    published = p.find(fsdp=32, tensor=8)
+    assert published is not None and published.fits
+    assert 0.25 <= published.mfu <= 0.41
+    assert published.step_time <= 1.15 * p.best.step_time
+
+
+def test_best_candidate_is_a_shardkit_strategy():
+    p = shardkit.plan("llama3-70b", devices=256, hardware="h100", batch=512, max_stage=1)
+    best = p.best
+    strategy = best.strategy()
+    assert strategy.mesh_axes(256) == best.mesh_axes
+    assert strategy.zero == (best.zero or 3)
+
+
+# -- output ------------------------------------------------------------------------------------
+def test_plan_prints_table_and_why(capsys):
+    p = plan("gpt3-175b", devices=1024, hardware="h100", batch=1536)
+    print(p)
+    out = capsys.readouterr().out
+    best = p.best
+    assert best.layout in out and "Why:" in out and "MFU" in out
+    assert f"{best.step_time:.2f} s" in out
+    assert "Plain data parallelism would need 2,793" in out or "2793.5 GB" in out
+    data = json.loads(p.to_json(top=3))
+    row = data["candidates"][0]
+    assert row["mesh_axes"] == best.mesh_axes
+    keys = {"argument_bytes", "temp_bytes", "param_bytes", "activation_bytes", "collectives",
+            "flops", "step_time", "mfu"}  # fmt: skip
+    assert keys <= set(row)
+    assert set(row["collectives"]) <= {"all-gather", "reduce-scatter", "all-reduce",
+                                       "collective-permute"}  # fmt: skip
+
+
+def test_cli_plan_json_and_table(capsys):
+    assert main(["plan", "--model", "llama3-8b", "--devices", "8", "--batch", "16", "--json",
+                 "--top", "2"]) == 0  # fmt: skip
+    data = json.loads(capsys.readouterr().out)
+    assert data["candidates"][0]["layout"] == "fsdp=8" and len(data["candidates"]) == 2
+    assert main(["plan", "--model", "gpt2-1.5b", "--devices", "4", "--hardware", "a100",
+                 "--top", "3"]) == 0  # fmt: skip
+    out = capsys.readouterr().out
+    assert "gpt2-1.5b" in out and "4 x a100" in out and "Why:" in out
+    argv = ["plan", "--model", "gpt3-175b", "--devices", "1024", "--hardware", "a100",
+            "--precision", "megatron", "--zero", "none", "--schedule", "interleaved",
+            "--virtual", "2", "--json"]  # fmt: skip
+    assert main(argv) == 0
+    rows = json.loads(capsys.readouterr().out)["candidates"]
+    assert rows[0]["stage"] > 1 and rows[0]["virtual"] == 2 and rows[0]["zero"] == 0
+
+
+# -- bad input ---------------------------------------------------------------------------------
+def test_no_valid_factorization():
+    with pytest.raises(NoValidLayoutError, match=r"no layout of 7 devices.*fix: use .*8"):
+        plan("llama3-8b", devices=7, batch=16)
+
+
+def test_unknown_hardware_lists_known(capsys):
+    with pytest.raises(UnknownHardwareError, match=r"'h900'; known: a100.*h100.*tpu-v5p"):
+        get_hardware("h900")
+    assert main(["plan", "--hardware", "h900"]) == 2
+    assert "known: a100" in capsys.readouterr().err
+
+
+def test_model_that_fits_nowhere_says_by_how_much_and_what_fits():
+    with pytest.raises(DoesNotFitError) as e:
+        plan("llama3-405b", devices=8, hardware="h100", batch=8)
+    msg = str(e.value)
+    assert "too much" in msg and "fix: more devices" in msg
+    assert "the state alone needs at least 128 devices" in msg
+    assert "a layout fits on 256 devices" in msg
+    with pytest.raises(DoesNotFitError, match=r"remat='block'.*ZeRO-3.*smaller batch"):
+        plan("llama3-70b", devices=16, hardware="h100", batch=16, remat="none")
+    with pytest.raises(DoesNotFitError, match=r"allow ZeRO-3 \(zero=\(3, 1\)"):
+        plan("llama3-70b", devices=16, hardware="h100", batch=16, zero=())
+    # and the suggestion holds
+    assert plan("llama3-405b", devices=256, hardware="h100", batch=8).best.fits
+
+
+def test_presets_have_their_published_sizes():
+    sizes = {"gpt2-1.5b": 1.56, "gpt3-175b": 174.6, "llama3-8b": 8.03, "llama3-70b": 70.55,
+             "llama3-405b": 405.85}  # fmt: skip
+    for name, billions in sizes.items():
+        assert preset(name).n_params() / 1e9 == pytest.approx(billions, abs=0.01), name
+    assert Transformer.gpt3_175b(batch=64) == preset("gpt3-175b", batch=64)
+    assert preset("resnet50").n_params() == 25_557_032
+
+
+def test_bad_workload_values():
+    with pytest.raises(ValueError, match="fix: remat='auto'"):
+        Transformer(layers=2, d_model=64, heads=4, vocab=8, seq=8, remat="sometimes")
+    with pytest.raises(ValueError, match="presets: gpt2-1.5b"):
+        preset("gpt5")
+    with pytest.raises(ValueError, match="known: fp32, megatron, mixed, shardkit"):
+        preset("llama3-8b", precision="fp4")
+    with pytest.raises(ValueError, match="tensor=3 does not divide"):
+        evaluate(preset("llama3-8b"), "h100", tensor=3)
+
+
+def test_docstring_examples_run_as_written():
+    import doctest
+    import importlib
+
+    for name in ("__init__", "workload", "hardware", "memory", "comm", "roofline", "cost",
+                 "search"):  # fmt: skip
+        module = importlib.import_module(
+            "shardkit.plan" if name == "__init__" else f"shardkit.plan.{name}"
+        )
+        result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
+        assert result.attempted > 0 and result.failed == 0, (name, result)

@@ -1,0 +1,201 @@
+"""The planner checked against the compiler: `shardkit.plan.measure` and `Plan.verify`.
+
+Compiled figures come from XLA on 8 simulated CPU devices (real mesh) or an AbstractMesh;
+closed-form references are computed here from parameter counts.
+"""
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import AbstractMesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from shardkit.inspection.groups import _mesh_groups
+from shardkit.models import GPTConfig
+from shardkit.plan import Transformer, plan
+from shardkit.plan.measure import measure, measure_gpt
+from shardkit.plan.verify import verify
+from shardkit.strategies import Hybrid
+
+CFG = GPTConfig(vocab=64, d_model=64, n_layers=2, n_heads=8, seq_len=16, remat="block")
+BATCH = 16
+PSI = CFG.n_params()
+LAYOUTS = (dict(data=8), dict(fsdp=8), dict(tensor=8), dict(data=2, fsdp=2, tensor=2))
+
+
+@pytest.fixture(scope="module")
+def verification():
+    """Plan.verify of shardkit's GPT (bf16 compute, fp32 Adam) for DP, FSDP, TP and hybrid."""
+    p = plan(Transformer.from_gpt_config(CFG, batch=BATCH), devices=8, hardware="cpu")
+    layouts = [p.find(**degrees, zero=3 if "fsdp" in degrees else None) for degrees in LAYOUTS]
+    assert all(c is not None and c.remat == "block" for c in layouts), layouts
+    return verify(p, candidates=layouts, quiet=True)
+
+
+def check_of(verification, **degrees):
+    want = {"data": 1, "fsdp": 1, "tensor": 1} | degrees
+    return next(c for c in verification.checks if all(getattr(c.candidate, k) == v
+                                                      for k, v in want.items()))  # fmt: skip
+
+
+def test_generic_measure_on_abstract_mesh_beyond_present_devices():
+    n = 512
+    mesh = AbstractMesh((n,), ("data",))
+    x = jax.ShapeDtypeStruct((1024, 64), jnp.float32, sharding=NamedSharding(mesh, P("data")))
+    w = jax.ShapeDtypeStruct((64, 32), jnp.float32, sharding=NamedSharding(mesh, P()))
+    m = measure(jax.jit(lambda x, w: (x @ w).sum()), x, w, mesh=mesh)
+    assert m.abstract and m.mesh == {"data": n}
+    assert m.argument_bytes == 1024 * 64 * 4 // n + 64 * 32 * 4
+    ar = m.collectives["all-reduce"]
+    assert ar["count"] == 1
+    assert ar["bytes"] == pytest.approx(2 * (n - 1) / n * 4)  # one f32 scalar, ring all-reduce
+    assert m.flops == 2 * (1024 // n) * 64 * 32  # the local matmul
+    assert json.loads(json.dumps(m.to_dict()))["peak_bytes"] == m.peak_bytes
+
+
+def test_matmul_flops_count_every_scanned_layer():
+    # cost_analysis() counts a loop body once; measure multiplies by the trip count
+    def step(x, ws):
+        return jax.lax.scan(lambda h, w: (jnp.tanh(h @ w), None), x, ws)[0].sum()
+
+    mesh = AbstractMesh((2,), ("data",))
+    x = jax.ShapeDtypeStruct((8, 16), jnp.float32, sharding=NamedSharding(mesh, P("data")))
+    for layers in (3, 6):
+        ws = jax.ShapeDtypeStruct((layers, 16, 16), jnp.float32, sharding=NamedSharding(mesh, P()))
+        m = measure(jax.jit(step), x, ws, mesh=mesh)
+        assert m.flops == layers * 2 * 4 * 16 * 16
+
+
+def test_generic_measure_rejects_a_non_mesh():
+    with pytest.raises(ValueError, match=r"Mesh or AbstractMesh.*fix: mesh="):
+        measure(jax.jit(lambda x: x), jnp.ones(3), mesh={"data": 8})
+
+
+def test_measure_gpt_asks_for_abstract_beyond_present_devices():
+    with pytest.raises(ValueError, match=r"only 8 devices are present; fix: abstract=True"):
+        measure_gpt(CFG, Hybrid(data=16), devices=16, batch=16, abstract=False)
+
+
+def test_measure_gpt_rejects_an_indivisible_batch():
+    with pytest.raises(ValueError, match=r"batch=12\) does not divide .* fix: batch=8"):
+        measure_gpt(CFG, Hybrid(data=8), devices=8, batch=12)
+
+
+def test_data_parallel_gradient_all_reduce_is_the_ring_bound_in_bf16(verification):
+    # DP: one all-reduce of every gradient, 2(n-1)/n x 2 bytes x params, once XLA:CPU's f32
+    # upcast is undone (4 bytes as compiled); plus a few f32 scalars of the loss and metrics.
+    m = check_of(verification, data=8).measurement
+    ar = m.collectives["all-reduce"]
+    assert ar["bytes"] == pytest.approx(2 * 7 / 8 * 2 * PSI, rel=1e-4)
+    assert ar["raw_bytes"] == pytest.approx(2 * 7 / 8 * 4 * PSI, rel=1e-4)
+    assert any("f32 on bf16" in n for n in m.notes)
+    # arguments: fp32 weights, Adam m and v (12 bytes per parameter), step counters, the batch
+    assert m.argument_bytes == 12 * PSI + 4 + 4 + 12 * BATCH * CFG.seq_len // 8
+
+
+def test_fsdp_gradients_count_as_a_reduce_scatter(verification):
+    m = check_of(verification, fsdp=8).measurement
+    rs = m.collectives["reduce-scatter"]
+    assert rs["bytes"] == pytest.approx(7 / 8 * 2 * PSI, rel=1e-4)  # bf16 grads, ZeRO-3
+    assert m.collectives["all-reduce"]["bytes"] < 1e-3 * rs["bytes"]  # only the loss scalar
+    assert any("reduce-scatter" in n for n in m.notes)
+    dp = check_of(verification, data=8).measurement
+    assert m.argument_bytes < dp.argument_bytes / 7  # state split 8 ways
+
+
+def test_abstract_mesh_compiles_the_same_program_as_the_real_mesh(verification):
+    real = check_of(verification, data=2, fsdp=2, tensor=2).measurement
+    strategy = Hybrid(data=2, fsdp=2, tensor=2)
+    abstract = measure_gpt(CFG, strategy, devices=8, batch=BATCH, abstract=True)
+    assert (real.abstract, abstract.abstract) == (False, True)
+    for field in ("argument_bytes", "temp_bytes", "output_bytes", "flops", "collectives"):
+        assert getattr(real, field) == getattr(abstract, field), field
+
+
+def test_iota_device_ids_of_3d_mesh_groups_decode():
+    # XLA prints mesh groups of a make_mesh 3-D mesh with device ids as a transposed iota
+    spec = "mesh['a'=1,'b'=2,'c'=4], device_ids=([2,2,2]T(1,0,2)) {'b'}"
+    ids = np.arange(8).reshape(2, 2, 2).transpose(1, 0, 2).reshape(-1)
+    want = [sorted([int(ids[c]), int(ids[4 + c])]) for c in range(4)]
+    assert sorted(sorted(g) for g in _mesh_groups(spec)) == sorted(want)
+
+
+@pytest.mark.parametrize(
+    "degrees", LAYOUTS, ids=lambda d: "x".join(f"{k}{v}" for k, v in d.items())
+)
+def test_predictions_match_the_compiler(verification, degrees):
+    check = check_of(verification, **degrees)
+    assert abs(check.row("arguments").error) <= 0.01
+    assert abs(check.row("flops").error) <= 0.05
+    judged = [r for r in check.rows if r.quantity in ("all-gather", "reduce-scatter",
+                                                       "all-reduce", "collectives")]  # fmt: skip
+    assert judged and all(abs(r.error) <= 0.05 for r in judged if r.bound), judged
+
+
+@pytest.mark.parametrize("degrees", LAYOUTS[:2] + LAYOUTS[3:], ids=["data", "fsdp", "hybrid"])
+def test_peak_memory_within_15_percent(verification, degrees):
+    assert abs(check_of(verification, **degrees).row("peak").error) <= 0.15
+
+
+def test_peak_memory_under_tensor_parallelism_is_underestimated(verification):
+    # Not within the 15% target: under tensor=8 XLA:CPU keeps the replicated residual stream
+    # and the all-reduced activations in f32 where the planner counts bf16 (-22% here,
+    # recorded in docs/plan.md). The test pins the size and sign of the gap.
+    error = check_of(verification, tensor=8).row("peak").error
+    assert -0.30 <= error < -0.15
+
+
+def test_verify_prints_predicted_next_to_compiled_and_says_what_it_normalised(verification):
+    text = verification.render()
+    assert "predicted vs compiled (XLA:CPU)" in text
+    assert text.count("arguments") == len(LAYOUTS)
+    assert "f32 upcast of bf16" in text and "all-reduce-then-slice" in text
+    assert "simulated mesh of data=2 x fsdp=2 x tensor=2" in text
+    errors = json.loads(json.dumps(verification.to_dict()))["max_errors"]
+    assert errors["arguments"] <= 0.01 and errors["flops"] <= 0.05
+
+
+def test_verify_rejects_a_workload_without_a_model():
+    with pytest.raises(TypeError, match=r"Dense with no model to compile; fix: .*measure\("):
+        verify(plan("resnet50", devices=8, hardware="h100", batch=64), quiet=True)
+
+
+def test_verify_rejects_only_pipelined_layouts():
+    p = plan(Transformer.from_gpt_config(CFG, batch=BATCH), devices=8, hardware="cpu")
+    staged = [c for c in p.candidates if c.stage > 1][:1]
+    assert staged
+    with pytest.raises(ValueError, match=r"all are pipelined .* fix: plan with max_stage=1"):
+        verify(p, candidates=staged, quiet=True)
+
+
+def test_train_strategy_auto_trains_the_planners_top_layout():
+    from shardkit.train.config import TrainConfig
+    from shardkit.train.data import ReverseTask
+    from shardkit.train.run import auto_plan, build_trainer, model_config, plan_rows
+
+    cfg = TrainConfig(steps=2, batch=16)
+    devices = jax.devices()[:8]
+    planned = auto_plan(cfg, model_config(cfg, ReverseTask(digits=15, length=8)), devices)
+    assert planned.hardware.name == "cpu" and planned.devices == 8
+    assert all(c.stage == 1 for c in planned.candidates)  # the Trainer has no pipeline
+    trainer, _, _ = build_trainer(cfg, devices, planned=planned)
+    assert trainer.strategy == planned.best.strategy()
+    assert dict(trainer.mesh.shape) == planned.best.mesh_axes
+    assert trainer.strategy_reason == planned.why()
+    rows = plan_rows(planned)
+    assert len(rows) == 3 and rows[0].startswith(planned.best.layout + ", remat=none")
+
+
+def test_train_strategy_auto_needs_a_hardware_profile():
+    from types import SimpleNamespace
+
+    from shardkit.train.run import hardware_profile
+
+    gpu = SimpleNamespace(platform="gpu", device_kind="NVIDIA H100 80GB HBM3")
+    assert hardware_profile([gpu]) == "h100"
+    odd = SimpleNamespace(platform="gpu", device_kind="Quantum Widget 9000")
+    with pytest.raises(ValueError, match=r"no hardware profile for 'Quantum Widget 9000'; fix:"):
+        hardware_profile([odd])
