@@ -277,10 +277,7 @@ class Trainer:
                 )
         if micro:
             m = self.microbatches
-            batch = {
-                k: np.reshape(v, (m, want // m) + np.shape(v)[1:])
-                for k, v in batch.items()
-            }
+            batch = {k: np.reshape(v, (m, want // m) + np.shape(v)[1:]) for k, v in batch.items()}
         shardings = self.batch_sharding(batch, micro=micro)
         lead = (self.microbatches, batch_size // self.microbatches) if micro else (batch_size,)
         return {
