@@ -28,6 +28,7 @@ from shardkit.plan import (
     roofline,
 )
 from shardkit.plan import memory as mem
+from shardkit.plan.pipe import facts
 
 GB, GiB = 1e9, 2**30
 
@@ -141,19 +142,22 @@ def test_pipeline_bubble_and_in_flight_microbatches():
                   schedule="gpipe")  # fmt: skip
     per_layer = mem.layer_activation_bytes(w, micro_batch=1, tensor=8, remat="block")
     work = 2 * mem.layer_activation_bytes(w, micro_batch=1, tensor=8)  # residuals + cotangents
-    assert one.activation_bytes == pytest.approx(per_layer * 6 * 16 + work)  # 16 in flight
+    # shardkit's fused 1F1B holds 2p - 1 = 31 micro-batches on its first stage (textbook: p)
+    assert one.activation_bytes == pytest.approx(per_layer * 6 * 31 + work)
     assert gp.activation_bytes == pytest.approx(per_layer * 6 * 192 + work)  # all 192
     assert one.bubble_time / one.step_time < 15 / (192 + 15)
-    # interleaved 1F1B with v = 2 chunks per device: bubble (p-1)/(v m + p-1), twice the sends,
-    # activations x (1 + (p-1)/(p v)) (Narayanan et al. 2021)
+    # interleaved 1F1B with v = 2 chunks per device: activations x (1 + (p-1)/(p v)) (Narayanan
+    # et al. 2021); bubble and sends of shardkit's lockstep step table (shardkit.plan.pipe)
     il = evaluate(w, "a100", data=8, tensor=8, stage=16, microbatches=192, remat="block",
                   schedule="interleaved", virtual=2)  # fmt: skip
     busy = one.step_time - one.bubble_time - one.exposed_comm_time - one.update_time
     assert one.bubble_time == pytest.approx(busy * 15 / 192)
     busy = il.step_time - il.bubble_time - il.exposed_comm_time - il.update_time
-    assert il.bubble_time == pytest.approx(busy * 15 / (2 * 192))
+    lock = facts("interleaved", 16, 192, 2)
+    assert il.bubble_time == pytest.approx(busy * lock.bubble / (1 - lock.bubble))
     sends = "collective-permute"
-    assert il.collectives[sends] == pytest.approx(2 * one.collectives[sends])
+    ratio = lock.steps / facts("1f1b", 16, 192).steps
+    assert il.collectives[sends] == pytest.approx(ratio * one.collectives[sends])
     assert il.activation_bytes - work == pytest.approx(per_layer * 6 * 16 * (1 + 15 / 32))
     assert il.layout == "stage=16 data=8 tensor=8 (interleaved x2)"
     with pytest.raises(ValueError, match="multiple of the stage degree"):

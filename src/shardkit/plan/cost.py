@@ -39,13 +39,11 @@ import dataclasses
 import math
 from typing import Any
 
-from shardkit.plan import comm
+from shardkit.plan import comm, pipe
 from shardkit.plan.hardware import Hardware, get_hardware
 from shardkit.plan.memory import (
-    bubble_fraction,
     bytes_per_param,
     get_precision,
-    in_flight_microbatches,
     layer_activation_bytes,
     model_state_bytes,
 )
@@ -159,36 +157,30 @@ class Candidate:
         """The shardkit strategy that runs this layout.
 
         Returns:
-            `shardkit.strategies.Hybrid(data=, fsdp=, tensor=, zero=)`.
+            `shardkit.strategies.Hybrid(data=, fsdp=, tensor=, zero=)`; with stage > 1
+            `Hybrid(data=, tensor=, pipeline=Pipeline(stages=, schedule=, microbatches=,
+            residuals=))` (see `shardkit.plan.pipe.strategy`).
 
         Raises:
-            ValueError: for a pipelined layout (stage > 1) when `shardkit.strategies` has no
-                `Pipeline` strategy.
+            ValueError: for a row shardkit cannot run (`runnable` is False): fsdp combined
+                with stages, or a row predicted with sequence parallelism.
 
         Example:
             >>> from shardkit.plan import preset
             >>> evaluate(preset("llama3-8b", batch=8), "h100", fsdp=8).strategy()
-            Hybrid(data=1, fsdp=8, tensor=1, zero=3, tensor_rules=None, rules=None)
+            Hybrid(data=1, fsdp=8, tensor=1, zero=3, tensor_rules=None, rules=None, pipeline=None)
         """
         from shardkit import strategies
 
         zero = self.zero if self.fsdp > 1 else 3
         if self.stage == 1:
             return strategies.Hybrid(data=self.data, fsdp=self.fsdp, tensor=self.tensor, zero=zero)
-        pipeline = getattr(strategies, "Pipeline", None)
-        if pipeline is not None:
-            try:
-                return strategies.Hybrid(
-                    data=self.data, fsdp=self.fsdp, tensor=self.tensor, zero=zero,
-                    pipeline=pipeline(stages=self.stage, microbatches=self.microbatches),
-                )  # fmt: skip
-            except TypeError:
-                pass
-        raise ValueError(
-            f"layout {self.layout} needs pipeline parallelism (stage={self.stage}), which this "
-            "shardkit build cannot run; fix: pick a row with stage=1 (plan.candidates), or "
-            "plan with max_stage=1."
-        )
+        return pipe.strategy(self)  # Hybrid(data, tensor, pipeline=Pipeline(...))
+
+    @property
+    def runnable(self) -> bool:
+        """Whether shardkit can run this row (`strategy()` works); else a prediction only."""
+        return not (pipe.not_runnable(self) or getattr(self, "sequence_parallel", False))
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready fields, derived memory totals included."""
@@ -213,7 +205,7 @@ def _stage_params(w: Transformer, stage: int, tensor: int) -> float:
     embed = w.vocab * h / t + (w.seq * h if w.positions else 0)
     head_table = w.vocab * h / t if (not w.tied or stage > 1) else 0
     head = w.norm_params * h + head_table
-    if stage == 1:
+    if stage == 1 or w.ends_on_every_stage:  # shardkit's executor: both on every stage
         return blocks + embed + head
     return blocks + max(embed, head)
 
@@ -278,6 +270,7 @@ def evaluate(
             f"fix: virtual=2, microbatches={max(stage, m // stage * stage)}."
         )
     zero = zero if fsdp > 1 else 0
+    pf = pipe.facts(schedule, stage, m, v)  # steps, in-flight, bubble of the executor
     prec = get_precision(workload.precision)
     c = prec.compute
     wb, _, _ = bytes_per_param(prec, workload.optimizer)
@@ -301,7 +294,7 @@ def evaluate(
         per_layer = layer_activation_bytes(
             w, micro_batch=b, tensor=tensor, remat=remat, dot_bytes=dot_bytes or hw.dot_output_bytes
         )
-        in_flight = in_flight_microbatches(schedule, stage, m, v)
+        in_flight = pf.in_flight  # shardkit.pipeline's own count (fused 1F1B: 2p - 1)
         stored = per_layer * local_layers * in_flight
         # the block being differentiated: its residuals (recomputed under remat) and their
         # cotangents, about as large again
@@ -385,12 +378,18 @@ def evaluate(
     if isinstance(w, Transformer):  # vocab-parallel softmax: max, sum and target logit (f32)
         add("all-reduce", 4 * w.seq * b, 3 * m, "tensor", tensor, 1)
     add("all-reduce", 4, 1, "data", replicas, tensor)  # the loss, averaged over the batch
-    add("collective-permute", act_bytes_tp, 2 * m * v, "stage", stage, tensor * fsdp * data)
+    # the lockstep executor sends an activation and a gradient every step, idle lanes too
+    add("collective-permute", act_bytes_tp, 2 * pf.steps, "stage", stage, tensor * fsdp * data)
+    if stage > 1 and getattr(w, "ends_on_every_stage", False):
+        # the input cotangent (for the embedding) and the head's gradients, summed over stage
+        head = w.norm_params * w.d_model + w.vocab * w.d_model / tensor
+        add("all-reduce", act_bytes_tp * m, 1, "stage", stage, tensor * fsdp * data)
+        add("all-reduce", head * c, 1, "stage", stage, tensor * fsdp * data)
 
     # -- time -----------------------------------------------------------------------------
     compute = flops / (peak * hw.mfu_ceiling)
     core_work = compute + times["tensor"] + times["stage"]
-    core = core_work / (1 - bubble_fraction(stage, m, v))  # x (v m + p - 1) / (v m)
+    core = core_work / (1 - pf.bubble)  # lockstep: x (m + p - 1) / m for GPipe and 1F1B
     bubble = core - core_work
     # ZeRO-3 traffic recurs per micro-batch and overlaps the whole step; the once-per-step
     # gradient reduction (and ZeRO-1's gather) waits for the last micro-batch's backward
