@@ -88,7 +88,8 @@ def plan(
         batch: global batch in sequences (default: the workload's).
         remat: fix the remat policy ("none", "dots", "block"); default the workload's
             ("auto": the search chooses).
-        schedule: pipeline schedule for stage > 1 ("1f1b", "gpipe" or "interleaved").
+        schedule: pipeline schedule for stage > 1 ("1f1b", "gpipe", "interleaved" or
+            "zb-h1"; `shardkit.plan.pipe`: the schedules shardkit's pipeline runs).
         virtual: model chunks per device for the interleaved schedule.
         max_stage: largest pipeline degree to consider (1: no pipeline).
         zero: ZeRO stages allowed over an "fsdp" axis (3 and/or 1); () allows no "fsdp"
@@ -108,7 +109,7 @@ def plan(
         >>> p.best.layout
         'data=4 fsdp=64 tensor=4'
         >>> p.rank(p.find(data=8, tensor=8, stage=16))  # Megatron's layout, with ZeRO allowed
-        34
+        24
     """
     hw = get_hardware(hardware)
     w = _as_workload(workload, batch)
