@@ -163,24 +163,24 @@ def test_verify_rejects_a_workload_without_a_model():
         verify(plan("resnet50", devices=8, hardware="h100", batch=64), quiet=True)
 
 
-def test_verify_rejects_only_pipelined_layouts():
+def test_verify_rejects_only_prediction_rows():
     p = plan(Transformer.from_gpt_config(CFG, batch=BATCH), devices=8, hardware="cpu")
-    staged = [c for c in p.candidates if c.stage > 1][:1]
-    assert staged
-    with pytest.raises(ValueError, match=r"all are pipelined .* fix: plan with max_stage=1"):
-        verify(p, candidates=staged, quiet=True)
+    fsdp_in_stages = [c for c in p.candidates if c.stage > 1 and c.fsdp > 1][:1]
+    assert fsdp_in_stages and not fsdp_in_stages[0].runnable
+    with pytest.raises(ValueError, match=r"all are predictions only .* fix: plan with zero=\(\)"):
+        verify(p, candidates=fsdp_in_stages, quiet=True)
 
 
 def test_train_strategy_auto_trains_the_planners_top_layout():
     from shardkit.train.config import TrainConfig
     from shardkit.train.data import ReverseTask
-    from shardkit.train.run import auto_plan, build_trainer, model_config, plan_rows
+    from shardkit.train.run import auto_plan, build_trainer, model_config, plan_rows, runnable_best
 
     cfg = TrainConfig(steps=2, batch=16)
     devices = jax.devices()[:8]
     planned = auto_plan(cfg, model_config(cfg, ReverseTask(digits=15, length=8)), devices)
     assert planned.hardware.name == "cpu" and planned.devices == 8
-    assert all(c.stage == 1 for c in planned.candidates)  # the Trainer has no pipeline
+    assert planned.best is runnable_best(planned)  # pipelines compete; none wins here
     trainer, _, _ = build_trainer(cfg, devices, planned=planned)
     assert trainer.strategy == planned.best.strategy()
     assert dict(trainer.mesh.shape) == planned.best.mesh_axes
