@@ -358,8 +358,15 @@ def verify(
     from shardkit.plan.cost import evaluate
     from shardkit.plan.hardware import get_hardware
     from shardkit.plan.measure import measure_gpt
+    from shardkit.plan.memory import get_precision
 
-    cpu_dot_bytes = get_hardware("cpu").dot_output_bytes
+    cpu = get_hardware("cpu")
+    cpu_dot_bytes = cpu.dot_output_bytes
+    # predicted with the compiling backend's habits (XLA:CPU keeps bf16 matmul outputs and
+    # activations in f32); the plan's ranking keeps the target hardware's
+    backend = plan.hardware.replace(
+        dot_output_bytes=cpu.dot_output_bytes, activation_upcast=cpu.activation_upcast
+    )
 
     t0 = time.perf_counter()
     pool = list(candidates) if candidates is not None else list(plan.candidates)
@@ -377,7 +384,7 @@ def verify(
         cfg, twin, diffs = compiled_model(plan.workload, c.remat, c.tensor)
         differences += [d for d in diffs if d not in differences]
         # memory as the compiled backend keeps it: XLA:CPU holds bf16 matmul outputs in f32
-        pred = evaluate(twin, plan.hardware, data=c.data, fsdp=c.fsdp, tensor=c.tensor,
+        pred = evaluate(twin, backend, data=c.data, fsdp=c.fsdp, tensor=c.tensor,
                         stage=c.stage, zero=c.zero or 3, microbatches=c.microbatches,
                         remat=c.remat, schedule=c.schedule or "1f1b", virtual=c.virtual,
                         dot_bytes=cpu_dot_bytes)  # fmt: skip
@@ -417,6 +424,12 @@ def verify(
         notes.append(
             "memory predicted for the backend compiled: XLA:CPU keeps bf16 matmul outputs in "
             f"f32 ({cpu_dot_bytes} bytes per element) where GPUs and TPUs keep 2"
+        )
+    if get_precision(plan.workload.precision).compute < 4:
+        notes.append(
+            "memory predicted for the backend compiled: XLA:CPU keeps bf16 block inputs, the "
+            f"residual stream and the backward working set in f32 ({cpu.activation_upcast} "
+            "bytes per element; Hardware.activation_upcast), where GPUs and TPUs keep 2"
         )
     notes.append(
         "collective bytes: per device per step, ring formulas; XLA:CPU's f32 upcast of bf16 "
