@@ -134,3 +134,12 @@ def test_strategy_auto_trains_a_pipelined_row_when_it_ranks_first():
     trainer, _, _ = build_trainer(cfg, planned=planned)
     assert trainer.pipeline is not None and trainer.pipeline.stages == best.stage
     assert dict(trainer.mesh.shape) == best.mesh_axes
+
+
+def test_pipe_docstring_examples_run_as_written():
+    import doctest
+
+    from shardkit.plan import pipe
+
+    result = doctest.testmod(pipe, optionflags=doctest.ELLIPSIS)
+    assert result.attempted > 0 and result.failed == 0, result

@@ -163,7 +163,7 @@ def not_runnable(candidate: Any) -> str:
     Example:
         >>> from shardkit.plan import Transformer, evaluate
         >>> w = Transformer(layers=4, d_model=64, heads=4, vocab=64, seq=16, batch=16)
-        >>> not_runnable(evaluate(w, "cpu", fsdp=2, stage=4, zero=1, microbatches=4))[:28]
+        >>> not_runnable(evaluate(w, "cpu", fsdp=2, stage=4, zero=1, microbatches=4))[:29]
         'layout stage=4 fsdp=2 (ZeRO-1'
     """
     if candidate.stage > 1 and candidate.fsdp > 1:
