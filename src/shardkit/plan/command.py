@@ -43,8 +43,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--max-stage", type=int, default=None, help="largest pipeline degree")
     parser.add_argument(
-        "--schedule", default="1f1b", choices=["1f1b", "gpipe", "interleaved"],
-        help="pipeline schedule (default 1f1b)",
+        "--schedule", default="1f1b", choices=["1f1b", "gpipe", "interleaved", "zb-h1"],
+        help="pipeline schedule shardkit runs (default 1f1b, the fused two-lane form)",
     )  # fmt: skip
     parser.add_argument(
         "--virtual", type=int, default=2, help="chunks per device for --schedule interleaved"
