@@ -353,6 +353,11 @@ def evaluate(
             layer_flops += recompute + 4 * w.seq * w.q_width
         head_flops = 6 * w.d_model * w.vocab
         flops = tokens * (local_layers * layer_flops + head_flops) / tensor
+        if stage > 1 and remat == "block":  # the executor's residuals="recompute": each
+            # backward op first reruns its stage's forward for the block inputs of all but the
+            # first layer, then each block again under remat (measured: docs/plan.md)
+            forward = 2 * w.layer_matmul_params() + 4 * w.seq * w.q_width
+            flops += tokens * (local_layers - 1) * forward / tensor
         model_flops = w.tokens * w.model_flops_per_token()
         act_bytes_tp = c * w.seq * b * w.d_model
         tp_count = (local_layers * _tp_all_reduces(w, remat) + 2) * m
