@@ -320,6 +320,10 @@ def evaluate(
         )  # fmt: skip
         in_flight = pf.in_flight  # shardkit.pipeline's own count (fused 1F1B: 2p - 1)
         stored = per_layer * local_layers * in_flight
+        if stage > 1 and w.ends_on_every_stage:
+            # shardkit's executor embeds all m micro-batches before the schedule and collects
+            # their input cotangents after it: two [m, b, s, h] temporaries on every stage
+            stored += 2 * m * c * w.seq * b * w.d_model
         # the block being differentiated: its cotangents, about as large as its residuals,
         # and under "block" remat the recomputed residuals too ("dots" keeps the matmul
         # outputs, the stash holds the rest); under tensor parallelism also one b x s x h
