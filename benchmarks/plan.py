@@ -9,7 +9,8 @@
    XLA:CPU's habits: bf16 collectives run in f32 (counted at 2 bytes per element) and ZeRO
    gradients all-reduced then sliced (counted as the reduce-scatter GPUs and TPUs emit).
    Precisions: bf16 compute with fp32 weights and Adam (shardkit's mixed precision) and fp32;
-   remat "block" everywhere, and "dots" at 1,024 devices.
+   remat "block" everywhere, and "dots" at 1,024 devices. Memory is predicted with XLA:CPU's
+   habits (`Hardware("cpu")`: bf16 matmul outputs and activations kept in f32).
 2. One layout of the same GPT at 16,384 devices (data=128 fsdp=16 tensor=8), verified.
 3. `shardkit plan --model gpt3-175b --devices 1024 --hardware h100 --batch 1536 --verify` in
    a fresh process, timed (target: under 2 minutes).
@@ -70,7 +71,7 @@ def main() -> None:
     cases = [(256, "shardkit", "block")]
     if not args.quick:
         cases += [(256, "fp32", "block"), (1024, "shardkit", "block"), (1024, "fp32", "block")]
-        cases += [(1024, "shardkit", "dots")]
+        cases += [(1024, "shardkit", "dots"), (1024, "fp32", "dots")]
     print(
         f"\n== GPT d_model={CFG.d_model} layers={CFG.n_layers} heads={CFG.n_heads} "
         f"seq={CFG.seq_len} vocab={CFG.vocab}, batch 2 x devices: relative error of the "

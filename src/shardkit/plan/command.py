@@ -3,11 +3,13 @@
 Example:
     shardkit plan --model gpt3-175b --devices 1024 --hardware h100 --batch 1536
     shardkit plan --model llama3-8b --devices 8 --batch 16 --json
+    shardkit plan --model llama3-8b --devices 8 --batch 16 --json --verify  # one JSON document
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 
 
@@ -41,12 +43,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--max-stage", type=int, default=None, help="largest pipeline degree")
     parser.add_argument(
-        "--schedule", default="1f1b", choices=["1f1b", "gpipe", "interleaved"],
-        help="pipeline schedule (default 1f1b)",
+        "--schedule", default="1f1b", choices=["1f1b", "gpipe", "interleaved", "zb-h1"],
+        help="pipeline schedule shardkit runs (default 1f1b, the fused two-lane form)",
     )  # fmt: skip
     parser.add_argument(
         "--virtual", type=int, default=2, help="chunks per device for --schedule interleaved"
     )
+    parser.add_argument(
+        "--sequence-parallel", action="store_true",
+        help="predict tensor parallelism with Megatron sequence parallelism (as published runs "
+        "used; shardkit's tensor parallelism does not implement it)",
+    )  # fmt: skip
     parser.add_argument("--top", type=int, default=8, help="rows to show (default 8)")
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
     parser.add_argument("--verify", action="store_true", help="compile the top layouts and compare")
@@ -82,12 +89,17 @@ def run(args: argparse.Namespace) -> int:
         zero=_zero(args.zero),
         schedule=args.schedule,
         virtual=args.virtual,
+        sequence_parallel=args.sequence_parallel,
     )
-    if args.json:
-        print(result.to_json(top=args.top))
+    verification = result.verify(top=min(args.top, 3), quiet=True) if args.verify else None
+    if args.json:  # one JSON document: the plan, and the verification when asked for
+        data = result.to_dict(top=args.top)
+        if verification is not None:
+            data["verification"] = verification.to_dict()
+        print(json.dumps(data, indent=2))
     else:
         print(result.render(top=args.top), end="")
-    if args.verify:
-        result.verify(top=min(args.top, 3))
+        if verification is not None:
+            print(verification.render())
     sys.stdout.flush()
     return 0

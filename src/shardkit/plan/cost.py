@@ -39,13 +39,11 @@ import dataclasses
 import math
 from typing import Any
 
-from shardkit.plan import comm
+from shardkit.plan import comm, pipe
 from shardkit.plan.hardware import Hardware, get_hardware
 from shardkit.plan.memory import (
-    bubble_fraction,
     bytes_per_param,
     get_precision,
-    in_flight_microbatches,
     layer_activation_bytes,
     model_state_bytes,
 )
@@ -84,6 +82,8 @@ class Candidate:
         mfu: model FLOPs / (step time x devices x peak).
         hfu: executed FLOPs / (step time x peak), busiest device.
         virtual: model chunks per device under the interleaved schedule (1 otherwise).
+        sequence_parallel: predicted with Megatron-style sequence parallelism on "tensor" (a
+            system shardkit's tensor parallelism does not implement; see `evaluate`).
         bottleneck: the largest of compute, tensor all-reduces, pipeline bubble, pipeline
             sends and fsdp/data traffic (before overlap), in words.
     """
@@ -118,6 +118,7 @@ class Candidate:
     hfu: float
     bottleneck: str
     virtual: int = 1
+    sequence_parallel: bool = False
 
     # -- derived ----------------------------------------------------------------------------
     @property
@@ -153,42 +154,45 @@ class Candidate:
         text = " ".join(f"{k}={v}" for k, v in self.mesh_axes.items())
         if self.virtual > 1:
             text += f" (interleaved x{self.virtual})"
+        text += " +SP" if self.sequence_parallel else ""
         return text + (" (ZeRO-1)" if self.fsdp > 1 and self.zero == 1 else "")
 
     def strategy(self):
         """The shardkit strategy that runs this layout.
 
         Returns:
-            `shardkit.strategies.Hybrid(data=, fsdp=, tensor=, zero=)`.
+            `shardkit.strategies.Hybrid(data=, fsdp=, tensor=, zero=)`; with stage > 1
+            `Hybrid(data=, tensor=, pipeline=Pipeline(stages=, schedule=, microbatches=,
+            residuals=))` (see `shardkit.plan.pipe.strategy`).
 
         Raises:
-            ValueError: for a pipelined layout (stage > 1) when `shardkit.strategies` has no
-                `Pipeline` strategy.
+            ValueError: for a row shardkit cannot run (`runnable` is False): fsdp combined
+                with stages, or a row predicted with sequence parallelism.
 
         Example:
             >>> from shardkit.plan import preset
             >>> evaluate(preset("llama3-8b", batch=8), "h100", fsdp=8).strategy()
-            Hybrid(data=1, fsdp=8, tensor=1, zero=3, tensor_rules=None, rules=None)
+            Hybrid(data=1, fsdp=8, tensor=1, zero=3, tensor_rules=None, rules=None, pipeline=None)
         """
         from shardkit import strategies
 
+        if self.sequence_parallel:
+            raise ValueError(
+                f"layout {self.layout} was predicted with sequence parallelism over tensor="
+                f"{self.tensor}, which shardkit's tensor parallelism does not implement (its "
+                "block inputs stay whole on every tensor rank, so activations would be larger "
+                "than predicted); fix: plan(..., sequence_parallel=False) for layouts shardkit "
+                "runs."
+            )
         zero = self.zero if self.fsdp > 1 else 3
         if self.stage == 1:
             return strategies.Hybrid(data=self.data, fsdp=self.fsdp, tensor=self.tensor, zero=zero)
-        pipeline = getattr(strategies, "Pipeline", None)
-        if pipeline is not None:
-            try:
-                return strategies.Hybrid(
-                    data=self.data, fsdp=self.fsdp, tensor=self.tensor, zero=zero,
-                    pipeline=pipeline(stages=self.stage, microbatches=self.microbatches),
-                )  # fmt: skip
-            except TypeError:
-                pass
-        raise ValueError(
-            f"layout {self.layout} needs pipeline parallelism (stage={self.stage}), which this "
-            "shardkit build cannot run; fix: pick a row with stage=1 (plan.candidates), or "
-            "plan with max_stage=1."
-        )
+        return pipe.strategy(self)  # Hybrid(data, tensor, pipeline=Pipeline(...))
+
+    @property
+    def runnable(self) -> bool:
+        """Whether shardkit can run this row (`strategy()` works); else a prediction only."""
+        return not (pipe.not_runnable(self) or getattr(self, "sequence_parallel", False))
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready fields, derived memory totals included."""
@@ -213,7 +217,7 @@ def _stage_params(w: Transformer, stage: int, tensor: int) -> float:
     embed = w.vocab * h / t + (w.seq * h if w.positions else 0)
     head_table = w.vocab * h / t if (not w.tied or stage > 1) else 0
     head = w.norm_params * h + head_table
-    if stage == 1:
+    if stage == 1 or w.ends_on_every_stage:  # shardkit's executor: both on every stage
         return blocks + embed + head
     return blocks + max(embed, head)
 
@@ -232,6 +236,8 @@ def evaluate(
     schedule: str = "1f1b",
     virtual: int = 1,
     dot_bytes: int | None = None,
+    act_bytes: int | None = None,
+    sequence_parallel: bool = False,
 ) -> Candidate:
     """Predicts memory, communication, compute and step time for one layout.
 
@@ -249,6 +255,13 @@ def evaluate(
         dot_bytes: bytes per matmul output kept under "dots" remat (default
             `Hardware.dot_output_bytes`, else the compute dtype; 4 predicts XLA:CPU, which
             runs bf16 matmuls in f32 and keeps f32 outputs).
+        act_bytes: bytes per element of the other kept activations (default
+            `Hardware.activation_upcast`, else the compute dtype; 4 predicts XLA:CPU).
+        sequence_parallel: Megatron-style sequence parallelism with the tensor axis (Korthikanti
+            et al.): the block and norm inputs, the loss's hidden state and the pipeline sends
+            are split over "tensor" too, and each tensor all-reduce becomes an all-gather plus
+            a reduce-scatter (the same bytes). shardkit's own tensor parallelism does not
+            implement it: such a row predicts another system (`Candidate.strategy` refuses).
 
     Raises:
         ValueError: when the batch is not divisible by data x fsdp x microbatches, or the
@@ -278,6 +291,7 @@ def evaluate(
             f"fix: virtual=2, microbatches={max(stage, m // stage * stage)}."
         )
     zero = zero if fsdp > 1 else 0
+    pf = pipe.facts(schedule, stage, m, v)  # steps, in-flight, bubble of the executor
     prec = get_precision(workload.precision)
     c = prec.compute
     wb, _, _ = bytes_per_param(prec, workload.optimizer)
@@ -298,17 +312,36 @@ def evaluate(
         n_stage = _stage_params(w, stage, tensor)
         local_layers = -(-w.layers // stage)  # the busiest stage
         layer_t = w.layer_matmul_params() / tensor + 2 * w.norm_params * w.d_model
+        sp = sequence_parallel and tensor > 1
+        a = max(c, act_bytes or hw.activation_upcast or c)  # bytes per kept activation
         per_layer = layer_activation_bytes(
-            w, micro_batch=b, tensor=tensor, remat=remat, dot_bytes=dot_bytes or hw.dot_output_bytes
-        )
-        in_flight = in_flight_microbatches(schedule, stage, m, v)
+            w, micro_batch=b, tensor=tensor, remat=remat, sequence_parallel=sp,
+            dot_bytes=dot_bytes or hw.dot_output_bytes, act_bytes=a,
+        )  # fmt: skip
+        in_flight = pf.in_flight  # shardkit.pipeline's own count (fused 1F1B: 2p - 1)
         stored = per_layer * local_layers * in_flight
-        # the block being differentiated: its residuals (recomputed under remat) and their
-        # cotangents, about as large again
-        full = layer_activation_bytes(w, micro_batch=b, tensor=tensor, remat="none")
-        working = full * (2 if remat != "none" else 1)
+        if stage > 1 and w.ends_on_every_stage:
+            # shardkit's executor embeds all m micro-batches before the schedule and collects
+            # their input cotangents after it: two [m, b, s, h] temporaries on every stage
+            stored += 2 * m * c * w.seq * b * w.d_model
+        # the block being differentiated: its cotangents, about as large as its residuals,
+        # and under "block" remat the recomputed residuals too ("dots" keeps the matmul
+        # outputs, the stash holds the rest); under tensor parallelism also one b x s x h
+        # partial-sum input gradient of a column-parallel kernel, live until its all-reduce
+        # (the compiler reduces each as it is produced; measured on shardkit's GPT, see
+        # docs/plan.md)
+        full = layer_activation_bytes(
+            w, micro_batch=b, tensor=tensor, remat="none", sequence_parallel=sp, act_bytes=a
+        )
+        partials = a * w.seq * b * w.d_model if tensor > 1 else 0.0
+        working = full * (2 if remat == "block" else 1) + partials / (tensor if sp else 1)
+        hidden = 2 * a * w.seq * b * w.d_model / (tensor if sp else 1)
+        loss_phase = w.logits_bytes * w.seq * b * w.vocab / tensor + hidden
+        # the loss (logits and their gradient) and the backward pass through a block happen
+        # at different times: the peak holds the stash plus the larger of the two. The
+        # logits field is what the loss phase needs beyond the block's working set.
         activations = stored + working
-        logits = w.logits_bytes * w.seq * b * w.vocab / tensor + 2 * c * w.seq * b * w.d_model
+        logits = max(0.0, loss_phase - working)
         inputs = w.input_bytes_per_token * w.seq * b * m
         table = w.vocab * w.d_model / tensor
         if fsdp > 1 and zero == 3:
@@ -324,6 +357,11 @@ def evaluate(
             layer_flops += recompute + 4 * w.seq * w.q_width
         head_flops = 6 * w.d_model * w.vocab
         flops = tokens * (local_layers * layer_flops + head_flops) / tensor
+        if stage > 1 and remat == "block":  # the executor's residuals="recompute": each
+            # backward op first reruns its stage's forward for the block inputs of all but the
+            # first layer, then each block again under remat (measured: docs/plan.md)
+            forward = 2 * w.layer_matmul_params() + 4 * w.seq * w.q_width
+            flops += tokens * (local_layers - 1) * forward / tensor
         model_flops = w.tokens * w.model_flops_per_token()
         act_bytes_tp = c * w.seq * b * w.d_model
         tp_count = (local_layers * _tp_all_reduces(w, remat) + 2) * m
@@ -343,7 +381,7 @@ def evaluate(
         gathered = 2 * w.largest_layer_params * c if (fsdp > 1 and zero == 3) else 0.0
         flops = w.flops_per_example * w.batch / replicas
         model_flops = w.flops_per_example * w.batch
-        act_bytes_tp, tp_count = 0.0, 0
+        act_bytes_tp, tp_count, sp = 0.0, 0, False
         block_c = float(w.params) * c
         gather_calls = max(w.layers, 1)
 
@@ -381,16 +419,27 @@ def evaluate(
         add("reduce-scatter", weights_c, 1, "fsdp", fsdp, tensor)
         add("all-gather", n_stage * wb, 1, "fsdp", fsdp, tensor)
     add("all-reduce", weights_c / max(fsdp, 1), 1, "data", data, tensor * fsdp)
-    add("all-reduce", act_bytes_tp, tp_count, "tensor", tensor, 1)
+    if sp:  # all-gather before and reduce-scatter after each pair of tensor-parallel matmuls
+        add("all-gather", act_bytes_tp, tp_count, "tensor", tensor, 1)
+        add("reduce-scatter", act_bytes_tp, tp_count, "tensor", tensor, 1)
+    else:
+        add("all-reduce", act_bytes_tp, tp_count, "tensor", tensor, 1)
     if isinstance(w, Transformer):  # vocab-parallel softmax: max, sum and target logit (f32)
         add("all-reduce", 4 * w.seq * b, 3 * m, "tensor", tensor, 1)
     add("all-reduce", 4, 1, "data", replicas, tensor)  # the loss, averaged over the batch
-    add("collective-permute", act_bytes_tp, 2 * m * v, "stage", stage, tensor * fsdp * data)
+    sends = act_bytes_tp / (tensor if sp else 1)  # SP sends each rank's slice of the sequence
+    # the lockstep executor sends an activation and a gradient every step, idle lanes too
+    add("collective-permute", sends, 2 * pf.steps, "stage", stage, tensor * fsdp * data)
+    if stage > 1 and getattr(w, "ends_on_every_stage", False):
+        # the input cotangent (for the embedding) and the head's gradients, summed over stage
+        head = w.norm_params * w.d_model + w.vocab * w.d_model / tensor
+        add("all-reduce", act_bytes_tp * m, 1, "stage", stage, tensor * fsdp * data)
+        add("all-reduce", head * c, 1, "stage", stage, tensor * fsdp * data)
 
     # -- time -----------------------------------------------------------------------------
     compute = flops / (peak * hw.mfu_ceiling)
     core_work = compute + times["tensor"] + times["stage"]
-    core = core_work / (1 - bubble_fraction(stage, m, v))  # x (v m + p - 1) / (v m)
+    core = core_work / (1 - pf.bubble)  # lockstep: x (m + p - 1) / m for GPipe and 1F1B
     bubble = core - core_work
     # ZeRO-3 traffic recurs per micro-batch and overlaps the whole step; the once-per-step
     # gradient reduction (and ZeRO-1's gather) waits for the last micro-batch's backward
@@ -419,7 +468,7 @@ def evaluate(
         comm_time={k: t for k, t in times.items() if t}, flops=flops, model_flops=model_flops,
         compute_time=compute, bubble_time=bubble, exposed_comm_time=exposed,
         update_time=update, step_time=step, mfu=model_flops / (step * devices * peak),
-        hfu=flops / (step * peak), bottleneck=bottleneck, virtual=v,
+        hfu=flops / (step * peak), bottleneck=bottleneck, virtual=v, sequence_parallel=sp,
     )  # fmt: skip
 
 

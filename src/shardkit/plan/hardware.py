@@ -79,6 +79,12 @@ class Hardware:
         overlap: share of data-parallel/FSDP communication hidden behind compute (1 = fully).
         dot_output_bytes: bytes of a bf16 matmul's output as the compiler keeps it (None: the
             compute dtype; XLA:CPU runs bf16 matmuls in f32 and keeps f32 outputs: 4).
+        activation_upcast: bytes per element at which the compiler keeps bf16 activations
+            (block inputs stashed for the backward pass, the residual stream, norms and the
+            recomputed block's working set); None: the compute dtype. Only XLA:CPU sets it
+            (4: it holds them in f32, measured on shardkit's GPT); GPU and TPU profiles leave
+            it None so their predictions keep bf16 activations. `Plan.verify` predicts with
+            the compiling backend's value, the ranking with the target's.
         source: where the figures come from.
     """
 
@@ -99,6 +105,7 @@ class Hardware:
     memory_fraction: float = 0.9
     overlap: float = 0.9
     dot_output_bytes: int | None = None
+    activation_upcast: int | None = None
     source: str = ""
 
     def __post_init__(self):
@@ -238,7 +245,7 @@ PROFILES: dict[str, Hardware] = {
         peak_flops={"bf16": 166 * _GB, "fp32": 166 * _GB},
         hbm_bytes=24 * 2**30, hbm_bw=20 * _GB, intra_bw=10 * _GB, inter_bw=10 * _GB,
         domain=1 << 20, topology="host", latency_intra=20e-6, eff_intra=1.0, eff_inter=1.0,
-        mfu_ceiling=0.3, dot_output_bytes=4,
+        mfu_ceiling=0.3, dot_output_bytes=4, activation_upcast=4,
         source="lscpu on this machine (2 cores x 2.6 GHz x 32 FLOP/cycle)",
     ),
 }  # fmt: skip

@@ -344,7 +344,8 @@ def measure_gpt(
         strategy: a shardkit strategy (e.g. `Hybrid(fsdp=32, tensor=8)`).
         devices: mesh size; more than `jax.device_count()` compiles on an `AbstractMesh`.
         batch: global batch size (sequences of `model.seq_len` tokens).
-        grad_accum: micro-batches per step.
+        grad_accum: micro-batches per step (keep 1 with a pipeline strategy: its
+            `Pipeline.microbatches` sets them).
         precision: "bfloat16" (bf16 compute, fp32 master weights and Adam) or "float32".
         abstract: force (True) or forbid (False) the AbstractMesh path; default: only when
             `devices` exceeds the devices present.
@@ -405,10 +406,10 @@ def measure_gpt(
             f"x grad_accum={grad_accum} ({divisor}) of mesh {axes}; fix: batch="
             f"{max(divisor, batch // divisor * divisor)}."
         )
-    shape = (batch, model.seq_len) if grad_accum == 1 else (grad_accum, batch // grad_accum)
-    shape = shape if grad_accum == 1 else (*shape, model.seq_len)
+    micro = trainer.microbatches  # grad_accum, or the pipeline's micro-batches
+    shape = (batch, model.seq_len) if micro == 1 else (micro, batch // micro, model.seq_len)
     spec = strategy.batch_spec(mesh, 2)
-    if grad_accum > 1:
+    if micro > 1:
         spec = P(None, *spec)
     sharding = NamedSharding(mesh, spec)
     dtypes = {"inputs": jnp.int32, "targets": jnp.int32, "mask": jnp.float32}

@@ -176,6 +176,7 @@ def layer_activation_bytes(
     remat: str = "none",
     sequence_parallel: bool = False,
     dot_bytes: int | None = None,
+    act_bytes: int | None = None,
 ) -> float:
     """Bytes one transformer block keeps for its backward pass, per device, per micro-batch.
 
@@ -186,6 +187,7 @@ def layer_activation_bytes(
         remat: "none", "dots" or "block" (see the module docstring).
         sequence_parallel: split the block and norm inputs over `tensor` too (Megatron SP).
         dot_bytes: bytes per matmul output kept under "dots" (see `activation_terms`).
+        act_bytes: bytes per element of the other kept activations (see `activation_terms`).
 
     Example:
         >>> from shardkit.plan.workload import Transformer
@@ -193,12 +195,19 @@ def layer_activation_bytes(
         >>> layer_activation_bytes(w, micro_batch=1) / (512 * 1024)  # sbh x 32, + f32 LSE
         32.0625
     """
-    repl, split = activation_terms(w, micro_batch=micro_batch, remat=remat, dot_bytes=dot_bytes)
+    repl, split = activation_terms(
+        w, micro_batch=micro_batch, remat=remat, dot_bytes=dot_bytes, act_bytes=act_bytes
+    )
     return repl / (tensor if sequence_parallel else 1) + split / tensor
 
 
 def activation_terms(
-    w: Any, *, micro_batch: int, remat: str = "none", dot_bytes: int | None = None
+    w: Any,
+    *,
+    micro_batch: int,
+    remat: str = "none",
+    dot_bytes: int | None = None,
+    act_bytes: int | None = None,
 ) -> tuple[float, float]:
     """(replicated, splittable) bytes a block keeps per micro-batch, before tensor parallelism.
 
@@ -207,12 +216,14 @@ def activation_terms(
     are the per-head and per-F-column tensors, split over the tensor axis.
 
     `dot_bytes` is the size of a matmul output kept under "dots" (default: the compute
-    dtype; XLA:CPU runs bf16 matmuls in f32 and keeps f32 outputs, 4).
+    dtype; XLA:CPU runs bf16 matmuls in f32 and keeps f32 outputs, 4). `act_bytes` is the
+    size of every other kept element (default the compute dtype; XLA:CPU keeps bf16 block
+    inputs, norms and the residual stream in f32, 4: `Hardware.activation_upcast`).
 
     Raises:
         ValueError: for an unknown remat policy.
     """
-    c = get_precision(w.precision).compute
+    c = max(get_precision(w.precision).compute, act_bytes or 0)
     tok = w.seq * micro_batch
     h, f, a = w.d_model, w.ff, w.heads
     qkv = tok * (w.q_width + 2 * w.kv_width)

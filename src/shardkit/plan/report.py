@@ -58,11 +58,17 @@ def table(plan, top: int = 8):
     for i, c in enumerate(plan.candidates[:top], 1):
         state = f"{_gb(c.param_bytes)} / {_gb(c.grad_bytes)} / {_gb(c.opt_bytes)}"
         t.add_row(
-            str(i), c.layout, c.remat, f"{c.microbatches} x {c.micro_batch}", state,
+            str(i), _label(c), c.remat, f"{c.microbatches} x {c.micro_batch}", state,
             _gb(c.activation_bytes + c.logits_bytes), _gb(c.peak_bytes), collectives_text(c),
             _time(c.step_time), f"{c.mfu:.0%}", c.bottleneck,
         )  # fmt: skip
     return t
+
+
+def _label(c) -> str:
+    """The layout, its pipeline schedule, and "prediction only" when shardkit cannot run it."""
+    text = c.layout + (f", {c.schedule}" if c.stage > 1 else "")
+    return text + ("" if c.runnable else " (prediction only)")
 
 
 def why(plan) -> str:
@@ -94,6 +100,12 @@ def why(plan) -> str:
         parts.append(
             f"Plain data parallelism would need {_gb(full)} of model state per device, "
             "more than fits."
+        )
+    if not c.runnable:
+        run = next((r for r in plan.candidates if r.runnable), None)
+        parts.append(
+            "shardkit does not run it (fsdp inside pipeline stages, or sequence parallelism)"
+            + (f"; the fastest layout it runs is {run.layout}." if run else ".")
         )
     if len(plan.candidates) > 1:
         r = plan.candidates[1]

@@ -77,6 +77,7 @@ def plan(
     virtual: int = 2,
     max_stage: int | None = None,
     zero: tuple[int, ...] = (3, 1),
+    sequence_parallel: bool = False,
 ) -> Plan:
     """Ranks every layout of `workload` on `devices` chips of `hardware` by step time.
 
@@ -88,12 +89,17 @@ def plan(
         batch: global batch in sequences (default: the workload's).
         remat: fix the remat policy ("none", "dots", "block"); default the workload's
             ("auto": the search chooses).
-        schedule: pipeline schedule for stage > 1 ("1f1b", "gpipe" or "interleaved").
+        schedule: pipeline schedule for stage > 1 ("1f1b", "gpipe", "interleaved" or
+            "zb-h1"; `shardkit.plan.pipe`: the schedules shardkit's pipeline runs).
         virtual: model chunks per device for the interleaved schedule.
         max_stage: largest pipeline degree to consider (1: no pipeline).
         zero: ZeRO stages allowed over an "fsdp" axis (3 and/or 1); () allows no "fsdp"
             axis (plain data parallelism replicates the state, as Megatron-LM without its
             distributed optimizer).
+        sequence_parallel: predict tensor-parallel layouts with Megatron-style sequence
+            parallelism (block inputs split over "tensor" too; see `evaluate`), to compare
+            with published runs that used it. shardkit's tensor parallelism does not implement
+            it, so `strategy()` refuses such rows.
 
     Returns:
         A `Plan`; `plan.best` is the fastest layout that fits.
@@ -108,7 +114,7 @@ def plan(
         >>> p.best.layout
         'data=4 fsdp=64 tensor=4'
         >>> p.rank(p.find(data=8, tensor=8, stage=16))  # Megatron's layout, with ZeRO allowed
-        34
+        24
     """
     hw = get_hardware(hardware)
     w = _as_workload(workload, batch)
@@ -124,7 +130,7 @@ def plan(
     best: dict[tuple, Candidate] = {}
     smallest: Candidate | None = None
     evaluated = 0
-    sched = (schedule, virtual)
+    sched = (schedule, virtual, sequence_parallel)
     for c in _variants(w, hw, layouts, policies, allowed, sched):
         evaluated += 1
         if smallest is None or c.peak_bytes < smallest.peak_bytes:
@@ -168,7 +174,7 @@ def _variants(w, hw, layouts, policies, allowed, sched):
                 for m in ms:
                     c = evaluate(w, hw, data=d, fsdp=f, tensor=t, stage=p, zero=z,
                                  microbatches=m, remat=policy, schedule=sched[0],
-                                 virtual=sched[1])  # fmt: skip
+                                 virtual=sched[1], sequence_parallel=sched[2])  # fmt: skip
                     yield c
                     if p == 1 and c.fits:
                         break

@@ -1,9 +1,10 @@
 """`Plan.verify`: compile the top layouts and print predicted next to compiled.
 
-For each of a plan's top layouts (pipelined ones are skipped: the Trainer has no pipeline),
-shardkit's GPT training step (the `Trainer` with AdamW) is compiled for that mesh with
-`shardkit.plan.measure.measure_gpt`: on a real simulated mesh when enough devices exist,
-otherwise on an `AbstractMesh` of the full size (16,384 devices and more compile on one CPU).
+For each of a plan's top layouts that shardkit runs (`Candidate.runnable`; rows combining fsdp
+with pipeline stages are predictions only and are skipped), shardkit's GPT training step (the
+`Trainer` with AdamW) is compiled for that mesh with `shardkit.plan.measure.measure_gpt`: on
+a real simulated mesh when enough devices exist, otherwise on an `AbstractMesh` of the full
+size (16,384 devices and more compile on one CPU).
 Nothing is allocated.
 
 The compiled model is shardkit's GPT with the workload's sizes: learned positions, an untied
@@ -22,6 +23,13 @@ peak (arguments + temps)      arguments + outputs - aliased + temporaries       
 collective bytes, per kind    `shardkit.inspect`, ring formulas, CPU-normalised      5%
 FLOPs                         `cost_analysis()["flops"]`                             5%
 ============================  =====================================================  =====
+
+Pipelined layouts compile the Trainer with `Candidate.strategy()`'s `Pipeline` (the SPMD
+executor of `shardkit.pipeline`). XLA counts the matmuls of every branch of the executor's
+per-lane `lax.switch` (idle, forward, forward + head, backward, backward + head) at every
+step, so for them the compiled FLOPs are steps x (2 x (F + B) + head) per device, not the
+m x (F + B + head) the busiest device executes; the prediction is converted to that count
+(`compiled_flops`) and the output says so.
 
 The peak bound applies to remat models (scanned blocks with "block" or "dots"); without remat
 the error is shown but not judged. Collective bytes are compared after undoing XLA:CPU's f32
@@ -42,6 +50,10 @@ import dataclasses
 import time
 from typing import Any
 
+_F32_NOTE = (
+    "pipelined layouts with a tensor axis are compiled and predicted in float32: XLA:CPU aborts "
+    "compiling their bf16 step (a CHECK in its all-reduce promotion pass)"
+)
 BOUNDS = {"arguments": 0.01, "peak": 0.15, "collectives": 0.05, "flops": 0.05}
 _KINDS = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute")
 
@@ -276,7 +288,26 @@ def compiled_model(workload: Any, remat: str, tensor: int = 1) -> tuple[Any, Any
     return cfg, twin, diffs
 
 
-def _rows(pred: Any, m: Any) -> tuple[Row, ...]:
+def compiled_flops(pred: Any, workload: Any) -> float:
+    """The planner's FLOPs as XLA counts a pipelined step (every lax.switch branch taken).
+
+    A pipelined step executes m x (F + B + head) on the last stage; the compiled program holds,
+    per lane, the branches idle, F, F + head, B, B + head (each kind with a last-stage twin),
+    and `matmul_flops` counts all of them at each of the table's steps:
+    steps x (2 x (F + B) + head). Without a pipeline: `pred.flops`.
+    """
+    if pred.stage == 1:
+        return pred.flops
+    from shardkit.plan.pipe import facts
+
+    steps = facts(pred.schedule, pred.stage, pred.microbatches, pred.virtual).steps
+    tokens = workload.seq * pred.micro_batch
+    head = 6 * workload.d_model * workload.vocab * tokens / pred.tensor  # per micro-batch
+    per_micro = pred.flops / pred.microbatches  # F + B + head on the last stage
+    return steps * (2 * (per_micro - head) + head)
+
+
+def _rows(pred: Any, m: Any, workload: Any = None) -> tuple[Row, ...]:
     peak_bound = BOUNDS["peak"] if pred.remat in ("block", "dots") else None
     rows = [
         Row("arguments", pred.argument_bytes, m.argument_bytes, BOUNDS["arguments"]),
@@ -295,7 +326,8 @@ def _rows(pred: Any, m: Any) -> tuple[Row, ...]:
             Row("collectives", sum(pred.collectives.values()), total, BOUNDS["collectives"])
         )
     if m.flops is not None:
-        rows.append(Row("flops", pred.flops, m.flops, BOUNDS["flops"]))
+        predicted = compiled_flops(pred, workload) if workload is not None else pred.flops
+        rows.append(Row("flops", predicted, m.flops, BOUNDS["flops"]))
     return tuple(rows)
 
 
@@ -311,7 +343,7 @@ def verify(
 
     Args:
         plan: a `shardkit.plan.Plan` of a `Transformer` workload.
-        top: how many layouts to compile (the fastest ones without a pipeline).
+        top: how many layouts to compile (the fastest ones shardkit runs).
         candidates: compile these `Candidate`s instead of the top ones.
         abstract: force (True) or forbid (False) the AbstractMesh path; default: only when
             the plan has more devices than this process.
@@ -322,7 +354,7 @@ def verify(
 
     Raises:
         TypeError: for a workload with no model to compile (a `Dense`).
-        ValueError: when no layout can be compiled (all pipelined).
+        ValueError: when no layout can be compiled (all are predictions only).
 
     Example:
         >>> plan("gpt3-175b", devices=1024, hardware="h100").verify(top=1)
@@ -330,33 +362,49 @@ def verify(
     from shardkit.plan.cost import evaluate
     from shardkit.plan.hardware import get_hardware
     from shardkit.plan.measure import measure_gpt
+    from shardkit.plan.memory import get_precision
 
-    cpu_dot_bytes = get_hardware("cpu").dot_output_bytes
+    cpu = get_hardware("cpu")
+    cpu_dot_bytes = cpu.dot_output_bytes
+    # predicted with the compiling backend's habits (XLA:CPU keeps bf16 matmul outputs and
+    # activations in f32); the plan's ranking keeps the target hardware's
+    backend = plan.hardware.replace(
+        dot_output_bytes=cpu.dot_output_bytes, activation_upcast=cpu.activation_upcast
+    )
 
     t0 = time.perf_counter()
     pool = list(candidates) if candidates is not None else list(plan.candidates)
-    chosen = [c for c in pool if c.stage == 1][: max(top, 0) if candidates is None else None]
-    skipped = [c for c in (pool[:top] if candidates is None else pool) if c.stage > 1]
+    chosen = [c for c in pool if c.runnable][: max(top, 0) if candidates is None else None]
+    skipped = [c for c in (pool[:top] if candidates is None else pool) if not c.runnable]
     if not chosen:
         raise ValueError(
-            f"none of the {len(pool)} layouts can be compiled: all are pipelined (stage > 1) "
-            "and the Trainer has no pipeline; fix: plan with max_stage=1, or pass "
-            "candidates=[plan.find(fsdp=..., tensor=...)]."
+            f"none of the {len(pool)} layouts can be compiled: all are predictions only "
+            "(fsdp inside pipeline stages, or sequence parallelism); fix: plan with "
+            "zero=() or max_stage=1, or pass candidates=[plan.find(data=..., stage=...)]."
         )
     checks, notes, differences = [], [], []
     counted: dict[str, list[str]] = {}
     for c in chosen:
         cfg, twin, diffs = compiled_model(plan.workload, c.remat, c.tensor)
         differences += [d for d in diffs if d not in differences]
+        if c.stage > 1 and c.tensor > 1 and twin.precision != "fp32":
+            # XLA:CPU aborts the process compiling the pipelined step with a tensor axis in
+            # bf16 (a CHECK in its all-reduce promotion pass): compile and predict it in f32
+            twin = twin.replace(precision="fp32")
+            if _F32_NOTE not in notes:
+                notes.append(_F32_NOTE)
         # memory as the compiled backend keeps it: XLA:CPU holds bf16 matmul outputs in f32
-        pred = evaluate(twin, plan.hardware, data=c.data, fsdp=c.fsdp, tensor=c.tensor,
-                        zero=c.zero or 3, microbatches=c.microbatches, remat=c.remat,
+        pred = evaluate(twin, backend, data=c.data, fsdp=c.fsdp, tensor=c.tensor,
+                        stage=c.stage, zero=c.zero or 3, microbatches=c.microbatches,
+                        remat=c.remat, schedule=c.schedule or "1f1b", virtual=c.virtual,
                         dot_bytes=cpu_dot_bytes)  # fmt: skip
         precision = "float32" if twin.precision == "fp32" else "bfloat16"
         m = measure_gpt(cfg, c.strategy(), devices=c.devices, batch=twin.batch,
-                        grad_accum=c.microbatches, precision=precision,
+                        grad_accum=c.microbatches if c.stage == 1 else 1,
+                        precision=precision,
                         abstract=abstract)  # fmt: skip
-        checks.append(Check(candidate=c, predicted=pred, measurement=m, rows=_rows(pred, m)))
+        rows = _rows(pred, m, twin)
+        checks.append(Check(candidate=c, predicted=pred, measurement=m, rows=rows))
         for n in m.notes:  # "18 collective(s) ...": one note per kind, counts summed
             count, _, rest = n.partition(" ")
             if count.isdigit():
@@ -373,13 +421,25 @@ def verify(
         )
     if skipped:
         notes.append(
-            "not compiled (pipelined; the Trainer has no pipeline): "
+            "not compiled (predictions only: shardkit does not run them): "
             + ", ".join(c.layout for c in skipped)
+        )
+    if any(c.candidate.stage > 1 for c in checks):
+        notes.append(
+            "pipelined layouts: compiled FLOPs count every branch of the executor's lax.switch "
+            "at every step, steps x (2 x (F + B) + head); the prediction is converted to that "
+            "count (the last stage executes m x (F + B + head))"
         )
     if any(c.predicted.remat == "dots" for c in checks):
         notes.append(
             "memory predicted for the backend compiled: XLA:CPU keeps bf16 matmul outputs in "
             f"f32 ({cpu_dot_bytes} bytes per element) where GPUs and TPUs keep 2"
+        )
+    if get_precision(plan.workload.precision).compute < 4:
+        notes.append(
+            "memory predicted for the backend compiled: XLA:CPU keeps bf16 block inputs, the "
+            f"residual stream and the backward working set in f32 ({cpu.activation_upcast} "
+            "bytes per element; Hardware.activation_upcast), where GPUs and TPUs keep 2"
         )
     notes.append(
         "collective bytes: per device per step, ring formulas; XLA:CPU's f32 upcast of bf16 "

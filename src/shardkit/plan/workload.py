@@ -53,6 +53,9 @@ class Transformer:
         norm_params: parameters per norm per channel (1 RMSNorm, 2 LayerNorm with bias).
         uneven_stages: pipeline stages may hold ceil(L / p) layers when p does not divide L
             (Megatron-LM and torchtitan allow it; shardkit's pipeline needs L % p == 0).
+        ends_on_every_stage: under a pipeline every stage holds the embedding and the
+            output head (shardkit's executor: they stay outside the staged layers, replicated
+            over "stage") instead of the first stage the one and the last the other (Megatron).
         fused_qkv: q/k/v (and gate/up) are one kernel each, as in Megatron-LM: one tensor-
             parallel all-reduce for their input gradient instead of one per kernel.
         attention: "flash" (no s x s tensors kept) or "naive" (softmax probabilities kept, as
@@ -89,6 +92,7 @@ class Transformer:
     norm_params: int = 1
     fused_qkv: bool = True
     uneven_stages: bool = False
+    ends_on_every_stage: bool = False
     attention: Literal["flash", "naive"] = "flash"
     dropout: bool = False
     precision: Any = "mixed"
@@ -259,6 +263,7 @@ class Transformer:
             remat=cfg.remat,
             logits_bytes=24,
             batch=batch,
+            ends_on_every_stage=True,
         )
         kw.update(changes)
         return cls(**kw)

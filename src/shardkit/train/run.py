@@ -97,8 +97,9 @@ def hardware_profile(devices) -> str:
 def auto_plan(cfg: TrainConfig, model_cfg, devices):
     """The planner's ranking of layouts for `shardkit train --strategy auto` on `devices`.
 
-    The workload is the run's GPT, batch, precision and remat policy; pipelines are left out
-    (the Trainer has none). The top row's strategy is the one trained.
+    The workload is the run's GPT, batch, precision and remat policy; pipelined layouts
+    (data x tensor x stage) compete with the others. The first row shardkit runs
+    (`runnable_best`) is the one trained.
     """
     from shardkit.plan import Transformer, plan
 
@@ -107,7 +108,24 @@ def auto_plan(cfg: TrainConfig, model_cfg, devices):
         batch=cfg.batch,
         precision="fp32" if cfg.precision == "float32" else "shardkit",
     )
-    return plan(workload, devices=len(devices), hardware=hardware_profile(devices), max_stage=1)
+    return plan(workload, devices=len(devices), hardware=hardware_profile(devices))
+
+
+def runnable_best(planned):
+    """The fastest row of `planned` that shardkit runs (`Candidate.runnable`).
+
+    Rows combining fsdp with pipeline stages are predictions only; they are passed over.
+
+    Raises:
+        ValueError: when no row is runnable (names the fix).
+    """
+    for c in planned.candidates:
+        if c.runnable:
+            return c
+    raise ValueError(
+        f"none of the {len(planned.candidates)} planned layouts can be run by shardkit (fsdp "
+        "inside pipeline stages); fix: --strategy hybrid with --mesh data=...,stage=..."
+    )
 
 
 def plan_rows(planned, top: int = 3) -> list[str]:
@@ -154,7 +172,7 @@ def build_trainer(cfg: TrainConfig, devices=None, *, planned=None):
     if isinstance(strategy, Auto):
         targets = list(jax.devices()[: cfg.devices] if devices is None else devices)
         planned = planned or auto_plan(cfg, model_cfg, targets)
-        strategy = planned.best.strategy()
+        strategy = runnable_best(planned).strategy()
     trainer = Trainer(
         lambda key: GPT(model_cfg, rngs=nnx.Rngs(key)),
         optax.adamw(schedule, weight_decay=cfg.weight_decay),
