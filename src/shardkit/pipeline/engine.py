@@ -181,14 +181,21 @@ def _spmd(
 
     xspec = P(None, dspec)
     sspec = P(stage_axis)
-    f = jax.shard_map(
-        local,
-        mesh=mesh,
-        in_specs=(sspec, P(), xspec, xspec),
-        out_specs=(P(), sspec, P(), xspec if input_grad else P()),
-        axis_names=frozenset(manual),
-    )
-    loss, gsp, glp, gxs = f(sp, lp, xs_, ts_)
+
+    def call(mesh, *args):
+        f = jax.shard_map(
+            local,
+            mesh=mesh,
+            in_specs=(sspec, P(), xspec, xspec),
+            out_specs=(P(), sspec, P(), xspec if input_grad else P()),
+            axis_names=frozenset(manual),
+        )
+        return f(*args)
+
+    # outputs laid out as their inputs (gradients as parameters), free Explicit axes included
+    like = (jnp.zeros(()), sp, lp, xs_ if input_grad else None)
+    out_specs = jax.tree.map(spmd.spec_of, like)
+    loss, gsp, glp, gxs = spmd.keep_free_axes(call, mesh, manual, (sp, lp, xs_, ts_), out_specs)
     return loss, (gsp, glp, gxs)
 
 
