@@ -145,6 +145,7 @@ GRID = [
     (4, 16, (Interleaved(v=2), REC), AUTO),
     (4, 4, (ZeroBubbleH1(), STASH), AUTO),
     (4, 12, (GPipe(), STASH), EXPLICIT),
+    (4, 9, (ZeroBubbleH1(fused=True), STASH), EXPLICIT),
     (8, 8, "autodiff", AUTO),
     (8, 32, (OneFOneB(), STASH), EXPLICIT),
     (8, 8, (ZeroBubbleH1(), STASH), AUTO),
@@ -252,8 +253,8 @@ def tensor_stage_fn(w, x):
 @pytest.mark.parametrize(
     "kind, at",
     [("autodiff", EXPLICIT), ((OneFOneB(), STASH), AUTO), ((OneFOneB(), STASH), EXPLICIT),
-     ((ZeroBubbleH1(), REC), EXPLICIT)],
-    ids=["autodiff-explicit", "1f1b-stash-auto", "1f1b-stash-explicit", "zb-rec-explicit"],
+     ((ZeroBubbleH1(fused=True), REC), EXPLICIT)],
+    ids=["autodiff-explicit", "1f1b-stash-auto", "1f1b-stash-explicit", "zb-fused-rec-explicit"],
 )  # fmt: skip
 def test_tensor_axis_left_to_the_compiler(kind, at):
     """data=2, tensor=2, stage=2: the stage's matmul weights are sharded over 'tensor'; on
