@@ -19,7 +19,8 @@ The 4 stages are simulated devices sharing this machine's CPU cores: step times 
 within one run (per-step overhead and FLOPs, not bubbles, dominate on CPU); memory and step
 counts are exact.
 
-Run: ``python benchmarks/pipeline.py [--micro 8 16 32] [--rounds 5] [--width 256]``.
+Run: ``python benchmarks/pipeline.py [--micro 8 16 32] [--rounds 5] [--width 256]
+[--only 'zb-h1' '1f1b stash']``.
 """
 
 import argparse
@@ -80,7 +81,9 @@ def params(rng, S, D):
 def configs():
     """(label, schedule or None for autodiff, residuals, remat)."""
     out = [("gpipe autodiff", None, None, False), ("gpipe autodiff+remat", None, None, True)]
-    for sched in (GPipe(), OneFOneB(), OneFOneB(fused=False), Interleaved(v=2), ZeroBubbleH1()):
+    schedules = (GPipe(), OneFOneB(), OneFOneB(fused=False), Interleaved(v=2), ZeroBubbleH1(),
+                 ZeroBubbleH1(fused=True))  # fmt: skip
+    for sched in schedules:
         for res in ("recompute", "stash"):
             out.append((f"{sched.name} {res}", sched, res, False))
     return out
@@ -116,6 +119,13 @@ def main():
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--width", type=int, default=256, help="model width D (hidden 2D)")
     ap.add_argument("--batch", type=int, default=64, help="micro-batch size")
+    ap.add_argument(
+        "--only",
+        nargs="+",
+        default=None,
+        help="run only rows whose label contains one of these (GPipe by autodiff "
+        "and the reference always run), e.g. --only 'zb-h1 stash' '1f1b stash'",
+    )
     args = ap.parse_args()
     p, D, MB = P_STAGES, args.width, args.batch
     mesh = jax.make_mesh((p,), ("stage",), axis_types=(jax.sharding.AxisType.Auto,))
@@ -128,6 +138,8 @@ def main():
 
         runs = {}
         for label, sched, res, remat in configs():
+            if args.only and label != "gpipe autodiff" and not any(o in label for o in args.only):
+                continue
             v = 1 if sched is None else sched.virtual
             if sched is not None:
                 try:

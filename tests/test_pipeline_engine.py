@@ -13,11 +13,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax import lax
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import shardkit
 from shardkit.inspection import parse_hlo
+from shardkit.models.common import row_parallel_out
 from shardkit.pipeline import (
     GPipe,
     Interleaved,
@@ -144,6 +146,7 @@ GRID = [
     (4, 16, (Interleaved(v=2), REC), AUTO),
     (4, 4, (ZeroBubbleH1(), STASH), AUTO),
     (4, 12, (GPipe(), STASH), EXPLICIT),
+    (4, 9, (ZeroBubbleH1(fused=True), STASH), EXPLICIT),
     (8, 8, "autodiff", AUTO),
     (8, 32, (OneFOneB(), STASH), EXPLICIT),
     (8, 8, (ZeroBubbleH1(), STASH), AUTO),
@@ -242,18 +245,30 @@ def test_data_axis_one_gradient_reduction_after_the_loop(kind, at):
     assert {c.kind for c in report.collectives} == {"collective-permute", "all-reduce"}
 
 
-@pytest.mark.parametrize("kind", ["autodiff", (OneFOneB(), STASH), (ZeroBubbleH1(), REC)],
-                         ids=["autodiff", "1f1b-stash", "zb-rec"])  # fmt: skip
-def test_tensor_axis_left_to_the_compiler(kind):
-    """data=2, tensor=2, stage=2: the stage's matmul weights are sharded over 'tensor'."""
-    mesh = jax.make_mesh((2, 2, 2), ("data", "tensor", "stage"), axis_types=(AUTO,) * 3)
+def tensor_stage_fn(w, x):
+    """stage_fn with Megatron's row-parallel matmul spelled out for Explicit meshes."""
+    g = jax.nn.gelu(x @ w["w1"] + w["b"])  # (mb, H), H split over 'tensor'
+    return x + jnp.einsum("bh,hd->bd", g, w["w2"], out_sharding=row_parallel_out(g, 2))
+
+
+@pytest.mark.parametrize(
+    "kind, at",
+    [("autodiff", EXPLICIT), ((OneFOneB(), STASH), AUTO), ((OneFOneB(), STASH), EXPLICIT),
+     ((ZeroBubbleH1(fused=True), REC), EXPLICIT)],
+    ids=["autodiff-explicit", "1f1b-stash-auto", "1f1b-stash-explicit", "zb-fused-rec-explicit"],
+)  # fmt: skip
+def test_tensor_axis_left_to_the_compiler(kind, at):
+    """data=2, tensor=2, stage=2: the stage's matmul weights are sharded over 'tensor'; on
+    Explicit meshes too they stay split inside the stages (no all-gather at the shard_map
+    boundary, which JAX's partial-manual lowering would otherwise insert)."""
+    mesh = jax.make_mesh((2, 2, 2), ("data", "tensor", "stage"), axis_types=(at,) * 3)
     specs = {"w1": P("stage", None, "tensor"), "b": P("stage", "tensor"),
              "w2": P("stage", "tensor", None)}  # fmt: skip
     w, head, xs, ts = make(2, 4)
     ref = reference(2, 4)
     w = {k: jax.device_put(a, NamedSharding(mesh, specs[k])) for k, a in w.items()}
     xs, ts = (jax.device_put(a, NamedSharding(mesh, P(None, "data"))) for a in (xs, ts))
-    f = engine(kind, mesh, 4, data_axes=("data",))
+    f = engine(kind, mesh, 4, fn=tensor_stage_fn, data_axes=("data",))
     compiled = jax.jit(f).lower(w, head, xs, ts).compile()
     got = compiled(w, head, xs, ts)
     assert_close(got, ref)
@@ -369,3 +384,35 @@ def test_stash_keeps_no_weights_in_slots(mesh4):
     assert f"f32[{f.plan.res_slots + 1},{D},{H}]" not in text
     assert f"f32[{f.plan.res_slots + 1},{H},{D}]" not in text
     assert f"f32[{f.plan.res_slots + 1},{MB},{H}]" in text
+
+
+def test_split_backward_w_runs_only_the_weight_gradient_matmuls():
+    """Zero-bubble BI and W with stashed residuals: one backward traced once and cut in two.
+    A stage of two residual-MLP blocks (a scan) has 8 backward matmuls: BI runs the 4 of the
+    input-gradient chain, W the 4 weight-gradient ones (two vjp calls would give W 6: it
+    would redo the second block's input gradient); W reads no weight-shaped value from BI."""
+    from shardkit.pipeline.residuals import Residuals
+    from shardkit.pipeline.split import SplitBackward
+
+    def two_blocks(w, x):
+        return lax.scan(lambda h, wl: (stage_fn(wl, h), None), x, w)[0]
+
+    w, _, xs, ts = make(2, 1)  # the 2 stages' weights as one stage of 2 blocks
+    x, g = xs[0], ts[0]
+    mid = Residuals(two_blocks, (w, x), live=(1,), policy=jax.checkpoint_policies.dots_saveable)
+    stashed = jax.jit(mid.forward)(w, x)[1]
+    split = SplitBackward(lambda st, pc, x, g: mid.vjp(st, pc, x)(g), (stashed, w, x, g),
+                          grads_of=(0,), input_grads=(1,))  # fmt: skip
+    dots = [sum(e.primitive.name == "dot_general" for e in eqns) for eqns in (split._bi, split._w)]
+    assert dots == [4, 4]
+    weight_shapes = {tuple(a.shape[1:]) for a in jax.tree.leaves(w)}
+    assert not weight_shapes & {tuple(c.shape) for c in split.cut_proto}
+
+    @jax.jit
+    def both(stashed, w, x, g):
+        (dx,), cut = split.bi(stashed, w, x, g)
+        (dw,) = split.w(stashed, w, x, g, cut)
+        return (dw, dx), jax.vjp(two_blocks, w, x)[1](g)
+
+    got, want = both(stashed, w, x, g)
+    assert_close((0.0, got), (0.0, want))

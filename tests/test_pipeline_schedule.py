@@ -32,7 +32,7 @@ def _schedules(p, m):
     """Every schedule variant that accepts (p, m)."""
     out = [GPipe(), OneFOneB(), OneFOneB(fused=False)]
     if m >= p:
-        out.append(ZeroBubbleH1())
+        out += [ZeroBubbleH1(), ZeroBubbleH1(fused=True)]
     if m % p == 0:
         out += [Interleaved(v=1), Interleaved(v=2), Interleaved(v=3)]
     return out
@@ -45,7 +45,7 @@ def _check_contract(t, schedule):
     """Independent check of a Table: each op once, lockstep dependencies, program order."""
     p, m, v, lanes = t.p, t.m, schedule.virtual, t.lanes
     assert t.ops.dtype == np.int32 and t.ops.shape == (t.steps, p, lanes, 3)
-    split = schedule.name == "zb-h1"
+    split = schedule.name.startswith("zb-h1")
     at = {}  # (kind, microbatch, stage) -> (step, lane)
     for step, d, lane in itertools.product(range(t.steps), range(p), range(lanes)):
         k, i, c = (int(x) for x in t.ops[step, d, lane])
@@ -55,6 +55,8 @@ def _check_contract(t, schedule):
         assert 0 <= i < m and 0 <= c < v
         if lanes == 2:
             assert (lane == 0) == (k == F), "lane 0 carries the forwards, lane 1 the rest"
+        if lanes == 3:
+            assert lane == {F: 0, BI: 1, W: 2}[k], "lanes F, BI, W"
         key = (k, i, c * p + d)
         assert key not in at, f"{key} twice"
         at[key] = (step, lane)
@@ -92,6 +94,7 @@ def test_step_counts_match_closed_forms():
             "1f1b": m + 2 * p - 2,
             "1f1b-unfused": 2 * (m + p - 1),
             "zb-h1": 3 * m + p - 1,
+            "zb-h1-fused": m + 2 * p - 2,
         }.get(schedule.name, 2 * (v * m + p - 1))
         assert table(schedule, p, m).steps == want, (schedule, p, m)
     assert table(OneFOneB(), 4, 8).steps == 14
@@ -160,8 +163,16 @@ def test_zero_bubble_h1_halves_the_1f1b_bubble(p):
 
 def test_table_idle_fraction_equals_simulation_with_unit_costs():
     for schedule, p, m in GRID:
-        unit = Costs(1.0, 1.0, 1.0 if schedule.name == "zb-h1" else 0.0)
+        unit = Costs(1.0, 1.0, 1.0 if schedule.name.startswith("zb-h1") else 0.0)
         t = table(schedule, p, m)
+        if schedule.lanes == 3:
+            # fused ZB-H1: the simulator runs the textbook idle (p-1 per device); lockstep
+            # prices the table at 3m + 2(p-1), between textbook ZB-H1 and fused 1F1B
+            sim = simulate(schedule, p, m, unit)
+            assert sim.idle == pytest.approx([p - 1] * p), (p, m)
+            assert t.lockstep_time(unit) == 3 * m + 2 * (p - 1), (p, m)
+            assert t.lockstep_time(unit) <= table(OneFOneB(), p, m).lockstep_time(Costs(1.0, 2.0))
+            continue
         assert t.idle_fraction == pytest.approx(simulate(schedule, p, m, unit).bubble, abs=1e-12)
         slots = (2 * p - 2) / (m + 2 * p - 2) if t.lanes == 2 else t.idle_fraction
         assert t.slot_idle_fraction == pytest.approx(slots, abs=1e-12)
@@ -176,6 +187,7 @@ def test_peak_in_flight():
         }
         if m >= p:
             cases[ZeroBubbleH1()] = [p] * p
+            cases[ZeroBubbleH1(fused=True)] = [min(m, 2 * p - 1 - d) for d in range(p)]
         for schedule, want in cases.items():
             assert list(table(schedule, p, m).peak_in_flight) == want, (schedule, p, m)
             for costs in (Costs(), Costs(1.0, 1.0, 1.0, 0.5)):
@@ -197,6 +209,7 @@ def test_orders_and_ops():
     ]  # fmt: skip
     assert Op("BI", 0).code == BI and Op("W", 1, 2).code == W
     assert (OneFOneB().lanes, OneFOneB(fused=False).lanes, Interleaved(v=3).virtual) == (2, 1, 3)
+    assert (ZeroBubbleH1(fused=True).lanes, ZeroBubbleH1(fused=True).name) == (3, "zb-h1-fused")
 
 
 @pytest.mark.parametrize(

@@ -13,7 +13,10 @@ Residuals: ``"recompute"`` runs ``jax.vjp`` again in the backward (only the stag
 kept); ``"stash"`` keeps the forward's vjp residuals that depend on the micro-batch and
 recomputes the ones that depend on the parameters alone (the weights themselves, casts of
 them), so no slot ever holds a copy of the weights (:mod:`.residuals`); ``stash_policy``
-chooses which residuals are worth keeping (default: matmul outputs).
+chooses which residuals are worth keeping (default: matmul outputs). With ``"stash"`` the
+zero-bubble schedules' ``BI`` and ``W`` ops run the two halves of one traced backward
+(:mod:`.split`): ``BI`` keeps what ``W`` needs (cotangents at the matmul outputs, rebuilt
+activations) in a slot, so ``W`` runs only the weight-gradient equations.
 
 Gradients over data axes are accumulated per device (the parameters are made varying before
 the loop, so no backward op reduces anything) and averaged once after the loop, in one tuple
@@ -46,6 +49,7 @@ from shardkit.pipeline import slots as sl
 from shardkit.pipeline import spmd
 from shardkit.pipeline.residuals import Residuals
 from shardkit.pipeline.schedule import BI, IDLE, B, F, GPipe, W, table
+from shardkit.pipeline.split import SplitBackward
 
 RESIDUALS = ("recompute", "stash")
 
@@ -181,14 +185,21 @@ def _spmd(
 
     xspec = P(None, dspec)
     sspec = P(stage_axis)
-    f = jax.shard_map(
-        local,
-        mesh=mesh,
-        in_specs=(sspec, P(), xspec, xspec),
-        out_specs=(P(), sspec, P(), xspec if input_grad else P()),
-        axis_names=frozenset(manual),
-    )
-    loss, gsp, glp, gxs = f(sp, lp, xs_, ts_)
+
+    def call(mesh, *args):
+        f = jax.shard_map(
+            local,
+            mesh=mesh,
+            in_specs=(sspec, P(), xspec, xspec),
+            out_specs=(P(), sspec, P(), xspec if input_grad else P()),
+            axis_names=frozenset(manual),
+        )
+        return f(*args)
+
+    # outputs laid out as their inputs (gradients as parameters), free Explicit axes included
+    like = (jnp.zeros(()), sp, lp, xs_ if input_grad else None)
+    out_specs = jax.tree.map(spmd.spec_of, like)
+    loss, gsp, glp, gxs = spmd.keep_free_axes(call, mesh, manual, (sp, lp, xs_, ts_), out_specs)
     return loss, (gsp, glp, gxs)
 
 
@@ -220,6 +231,19 @@ def _table_body(stage_fn, last_fn, plan: sl.Plan, *, stage_axis, v, input_grad, 
         if stash:
             mid = Residuals(stage_fn, (p0, x0), live=(1,), policy=stash_policy)
             end = Residuals(last_fn4, (p0, lp, x0, t0), live=(2, 3), policy=stash_policy)
+        seed = vary(jnp.asarray(1.0 / m, loss_dtype))
+        split = stash and any(W in k for k in has)
+        if split:  # BI hands W what it needs, so W runs only the weight-gradient equations
+            msplit = SplitBackward(
+                lambda st, pc, x, g: mid.vjp(st, pc, x)(g),
+                (mid.proto, p0, x0, x0), grads_of=(0,), input_grads=(1,),
+            )  # fmt: skip
+            lsplit = SplitBackward(
+                lambda st, pc, lp, x, t, s: end.vjp(st, pc, lp, x, t)(s)[:3],
+                (end.proto, p0, lp, x0, t0, seed), grads_of=(0, 1), input_grads=(2,),
+            )  # fmt: skip
+            cut_zero = vary([jnp.zeros(a.shape, a.dtype) for a in msplit.cut_proto])
+            lcut_zero = vary([jnp.zeros(a.shape, a.dtype) for a in lsplit.cut_proto])
 
         def zeros(a):
             return jax.tree.map(jnp.zeros_like, a)
@@ -231,6 +255,8 @@ def _table_body(stage_fn, last_fn, plan: sl.Plan, *, stage_axis, v, input_grad, 
                 outs |= {"y"} | ({"res", "lres"} if stash else set())
             if set(kinds) & {B, BI}:
                 outs.add("gx")
+            if split and BI in kinds:
+                outs |= {"cut", "lcut"}
             if set(kinds) & {B, W}:
                 outs |= {"grads", "glast"}
 
@@ -238,14 +264,16 @@ def _table_body(stage_fn, last_fn, plan: sl.Plan, *, stage_axis, v, input_grad, 
                 # Slots are read inside the branch (only the branch that runs reads them);
                 # new residuals go out and into their slot after the switch.
                 def run(operands):
-                    idx, state, (xs, ts, xbuf, gbuf, rbuf, lbuf, sp) = operands
-                    i, c, xr, gr, rr, rw, lr, lw = idx
+                    idx, state, (xs, ts, xbuf, gbuf, rbuf, lbuf, cbuf, lcbuf, sp) = operands
+                    i, c, xr, gr, rr, rw, lr, lw, cr, lcr = idx
                     out = {
                         "loss": jnp.zeros((), jnp.float32),
                         "y": zeros(x0),
                         "gx": zeros(x0),
                         "res": zeros(mid.proto) if stash else None,
                         "lres": zeros(end.proto) if stash else None,
+                        "cut": cut_zero if split else None,
+                        "lcut": lcut_zero if split else None,
                         **state,
                     }
                     if kind == IDLE:
@@ -266,6 +294,19 @@ def _table_body(stage_fn, last_fn, plan: sl.Plan, *, stage_axis, v, input_grad, 
                             out["res"] = res
                         elif not last:
                             out["y"] = stage_fn(pc, x)
+                    elif last and split and kind in (BI, W):
+                        st, t = spmd.index(lbuf, lr), spmd.index(ts, i)
+                        if kind == BI:
+                            (out["gx"],), out["lcut"] = lsplit.bi(st, pc, lp, x, t, seed)
+                        else:
+                            cut = spmd.index(lcbuf, lcr)
+                            dp, dlp = lsplit.w(st, pc, lp, x, t, seed, cut)
+                    elif split and kind in (BI, W):
+                        st, g = spmd.index(rbuf, rr), spmd.index(gbuf, gr)
+                        if kind == BI:
+                            (out["gx"],), out["cut"] = msplit.bi(st, pc, x, g)
+                        else:
+                            (dp,) = msplit.w(st, pc, x, g, spmd.index(cbuf, cr))
                     elif last:
                         t = spmd.index(ts, i)
                         if stash:
@@ -274,7 +315,7 @@ def _table_body(stage_fn, last_fn, plan: sl.Plan, *, stage_axis, v, input_grad, 
                             loss, fn = jax.vjp(lambda a, b, c: last_fn4(a, b, c, t), pc, lp, x)
                             if kind in (B, BI):
                                 out["loss"] = loss.astype(jnp.float32) / m
-                        dp, dlp, dx = fn(vary(jnp.asarray(1.0 / m, loss_dtype)))[:3]
+                        dp, dlp, dx = fn(seed)[:3]
                         if kind in (B, BI):
                             out["gx"] = dx
                     else:
@@ -305,13 +346,15 @@ def _table_body(stage_fn, last_fn, plan: sl.Plan, *, stage_axis, v, input_grad, 
         gbuf = spmd.buffer(x0, plan.g_slots + 1)
         rbuf = spmd.buffer(mid.proto, plan.res_slots + 1) if stash else None
         lbuf = spmd.buffer(end.proto, plan.last_slots + 1) if stash else None
+        cbuf = spmd.buffer(cut_zero, plan.cut_slots + 1) if split else None
+        lcbuf = spmd.buffer(lcut_zero, plan.last_cut_slots + 1) if split else None
         gxs = spmd.buffer(x0, m) if input_grad else None  # the output itself: no trash slot
         grads = zeros(sp) if grad_lanes else None
         glast = zeros(lp) if grad_lanes else None
         loss = vary(jnp.zeros((), jnp.float32))
 
         def step(carry, rows):
-            xbuf, gbuf, rbuf, lbuf, gxs, grads, glast, loss = carry
+            xbuf, gbuf, rbuf, lbuf, cbuf, lcbuf, gxs, grads, glast, loss = carry
             row = lax.dynamic_index_in_dim(rows, d, 0, keepdims=False)
             tail = L * sl.LANE_COLS
             ys, gs = [], []
@@ -320,16 +363,20 @@ def _table_body(stage_fn, last_fn, plan: sl.Plan, *, stage_axis, v, input_grad, 
                 col = lambda j, lane=lane: row[lane * sl.LANE_COLS + j]  # noqa: E731
                 k, c = col(sl.KIND), col(sl.CHUNK)
                 idx = tuple(col(j) for j in (sl.MB, sl.CHUNK, sl.XR, sl.GR, sl.RR, sl.RW,
-                                             sl.LR, sl.LW))  # fmt: skip
+                                             sl.LR, sl.LW, sl.CR, sl.LCR))  # fmt: skip
                 state = {"grads": grads, "glast": glast}
                 state = {key: val for key, val in state.items() if key in outs}
                 is_last = (d == p - 1) & (c == v - 1)
                 branch = jnp.where(k == IDLE, 0, base[k] + is_last.astype(jnp.int32))
-                got = lax.switch(branch, fns, (idx, state, (xs, ts, xbuf, gbuf, rbuf, lbuf, sp)))
+                bufs = (xs, ts, xbuf, gbuf, rbuf, lbuf, cbuf, lcbuf, sp)
+                got = lax.switch(branch, fns, (idx, state, bufs))
                 loss = loss + got["loss"]
                 if "res" in got:
                     rbuf = spmd.put(rbuf, col(sl.RW), got["res"])
                     lbuf = spmd.put(lbuf, col(sl.LW), got["lres"])
+                if "cut" in got:
+                    cbuf = spmd.put(cbuf, col(sl.CW), got["cut"])
+                    lcbuf = spmd.put(lcbuf, col(sl.LCW), got["lcut"])
                 grads, glast = got.get("grads", grads), got.get("glast", glast)
                 if "gx" in got and input_grad:
                     j = col(sl.GXI)
@@ -349,11 +396,11 @@ def _table_body(stage_fn, last_fn, plan: sl.Plan, *, stage_axis, v, input_grad, 
             if gy is not None:
                 gy = jax.tree.map(lambda a: lax.ppermute(a, stage_axis, bwd_perm), gy)
                 gbuf = spmd.put(gbuf, row[tail + sl.RG], gy)
-            return (xbuf, gbuf, rbuf, lbuf, gxs, grads, glast, loss), None
+            return (xbuf, gbuf, rbuf, lbuf, cbuf, lcbuf, gxs, grads, glast, loss), None
 
-        carry = (xbuf, gbuf, rbuf, lbuf, gxs, grads, glast, loss)
+        carry = (xbuf, gbuf, rbuf, lbuf, cbuf, lcbuf, gxs, grads, glast, loss)
         carry, _ = lax.scan(step, carry, cols)
-        _, _, _, _, gxs, grads, glast, loss = carry
+        *_, gxs, grads, glast, loss = carry
         return loss, grads, glast, gxs
 
     return body

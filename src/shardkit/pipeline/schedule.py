@@ -292,20 +292,37 @@ class Interleaved:
 class ZeroBubbleH1:
     """Zero-bubble H1 (Qi et al. 2023): backward split into ``BI`` and ``W``, W's fill bubbles.
 
-    Textbook 1F1B order with ``B`` replaced by ``BI``; on device ``d`` the weight gradient
-    ``W(j)`` runs right after ``BI(j + d)`` (the leftover ``d`` W's at the end fill the
-    cool-down), so each device holds at most ``p`` micro-batches, as 1F1B. Idle time per device
-    is ``(p-1)(t_f + t_b - t_w)`` against 1F1B's ``(p-1)(t_f + t_b + t_w)``; needs ``m >= p``
-    (with fewer micro-batches there are too few W's to fill the bubbles).
+    Textbook (``fused=False``, the default): 1F1B order with ``B`` replaced by ``BI``; on
+    device ``d`` the weight gradient ``W(j)`` runs right after ``BI(j + d)`` (the leftover ``d``
+    W's at the end fill the cool-down), so each device holds at most ``p`` micro-batches, as
+    1F1B. Idle time per device is ``(p-1)(t_f + t_b - t_w)`` against 1F1B's
+    ``(p-1)(t_f + t_b + t_w)``; the table has ``3m + p - 1`` one-op steps.
+
+    Fused (``fused=True``): three lanes per lockstep step, an ``F`` lane, a ``BI`` lane and a
+    ``W`` lane, in fused 1F1B's order (``2(p-1-d) + 1`` warm-up forwards on device ``d``): the
+    ``BI`` chain runs at fused 1F1B's steps and ``W(j)`` in the same step as ``BI(j + d)``
+    (the leftover W's run in the cool-down, where the ``F`` lane is idle). The table has fused
+    1F1B's ``m + 2p - 2`` steps instead of ``3m + p - 1``, with ``2p - 1 - d`` micro-batches in
+    flight on device ``d``. Its lockstep time with ``t_f = t_b = t_w`` is ``3m + 2(p-1)``
+    units, between textbook ZB-H1's ``3m + p - 1`` and fused 1F1B's ``3(m + p - 1)``; the
+    event simulation's idle time is textbook ZB-H1's. Both forms need ``m >= p`` (with fewer
+    there are too few W's to fill the bubbles).
 
     Example:
         >>> [o.kind + str(o.microbatch) for o in ZeroBubbleH1().orders(2, 2)[1]]
         ['F0', 'BI0', 'F1', 'BI1', 'W0', 'W1']
+        >>> table(ZeroBubbleH1(fused=True), p=4, m=8).steps   # m + 2p - 2
+        14
     """
 
-    name: str = dataclasses.field(default="zb-h1", init=False)
+    fused: bool = False
+    name: str = dataclasses.field(init=False)
     virtual: int = dataclasses.field(default=1, init=False)
-    lanes: int = dataclasses.field(default=1, init=False)
+    lanes: int = dataclasses.field(init=False)
+
+    def __post_init__(self):
+        object.__setattr__(self, "name", "zb-h1-fused" if self.fused else "zb-h1")
+        object.__setattr__(self, "lanes", 3 if self.fused else 1)
 
     def check(self, p: int, m: int, layers: int | None = None) -> None:
         """Raise ``ValueError`` with a fix if ``p``, ``m`` or ``layers`` do not fit."""
@@ -322,8 +339,9 @@ class ZeroBubbleH1:
         self.check(p, m)
         out = []
         for d in range(p):
+            warmup = 2 * (p - 1 - d) + 1 if self.fused else p - d
             order = []
-            for op in _one_f_one_b(p, m, d, p - d, bkind="BI"):
+            for op in _one_f_one_b(p, m, d, warmup, bkind="BI"):
                 order.append(op)
                 if op.kind == "BI" and op.microbatch - d >= 0:
                     order.append(Op("W", op.microbatch - d))
@@ -333,7 +351,10 @@ class ZeroBubbleH1:
 
 
 def _lane(op: Op, lanes: int) -> int:
-    return 0 if lanes == 1 or op.kind == "F" else 1
+    """Lane of ``op`` in a table of ``lanes`` lanes: F 0, then B/BI 1, then W 2 (if 3 lanes)."""
+    if lanes == 1 or op.kind == "F":
+        return 0
+    return 2 if lanes == 3 and op.kind == "W" else 1
 
 
 def _deps(op: Op, d: int, p: int, v: int) -> list[tuple[str, int, int, bool]]:

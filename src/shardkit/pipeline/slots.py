@@ -29,8 +29,8 @@ import numpy as np
 from shardkit.pipeline.schedule import BI, IDLE, B, F, Table, W
 
 # per-lane columns
-KIND, MB, CHUNK, XR, GR, RR, RW, LR, LW, GXI = range(10)
-LANE_COLS = 10
+KIND, MB, CHUNK, XR, GR, RR, RW, LR, LW, GXI, CR, CW, LCR, LCW = range(14)
+LANE_COLS = 14
 # per-(step, device) columns, after the lanes
 RX, RG, FLANE, BLANE = range(4)
 
@@ -44,11 +44,14 @@ class Plan:
         stash: whether backward residuals are stashed (else the backward recomputes them).
         cols: ``int32 [T, p, lanes * LANE_COLS + 4]``: per lane (kind, micro-batch, chunk,
             x read slot, g read slot, res read slot, res write slot, last-res read slot,
-            last-res write slot, g_xs index), then (x receive slot, g receive slot, lane whose
+            last-res write slot, g_xs index, cut read slot, cut write slot, last-stage cut
+            read slot, last-stage cut write slot), then (x receive slot, g receive slot, lane whose
             output goes forward, lane whose output goes backward). Unused entries point at the
             trash slot (index = slot count), and the g_xs index at ``m``.
         x_slots, g_slots, res_slots, last_slots: slots per pool, trash excluded.
         lane_kinds: the kind codes that occur in each lane.
+        cut_slots, last_cut_slots: with ``stash`` and a split backward (``BI`` + ``W``), slots
+            for what ``BI`` hands to ``W`` (see :mod:`.split`), trash excluded; else 0.
     """
 
     table: Table
@@ -59,6 +62,8 @@ class Plan:
     res_slots: int
     last_slots: int
     lane_kinds: tuple[frozenset, ...]
+    cut_slots: int = 0
+    last_cut_slots: int = 0
 
 
 def _colour(intervals: dict) -> tuple[dict, int]:
@@ -131,7 +136,7 @@ def plan(tbl: Table, *, stash: bool) -> Plan:
             raise RuntimeError(f"{tbl.schedule}: {what} {key} is missing from the table")
         return at[key]
 
-    xs_iv, gs_iv, res_iv, last_iv = ({} for _ in range(4))
+    xs_iv, gs_iv, res_iv, last_iv, cut_iv, lcut_iv = ({} for _ in range(6))
     for i in range(m):
         for s in range(S):
             d = s % p
@@ -158,6 +163,9 @@ def plan(tbl: Table, *, stash: bool) -> Plan:
             if stash:
                 pool = last_iv if s == S - 1 else res_iv
                 pool[(d, i, s)] = (rd(tf, lf) + 1, max(uses(i, s, False)))
+                if (W, i, s) in at:  # BI's cut waits for W
+                    pool = lcut_iv if s == S - 1 else cut_iv
+                    pool[(d, i, s)] = (rd(*at[(B, i, s)]) + 1, rd(*at[(W, i, s)]))
 
     def per_device(iv):
         slots, count = {}, 0
@@ -171,6 +179,8 @@ def plan(tbl: Table, *, stash: bool) -> Plan:
     gsl, ng = per_device(gs_iv)
     rsl, nr = per_device(res_iv)
     lsl, nl = per_device(last_iv)
+    csl, nc = per_device(cut_iv)
+    lcsl, nlc = per_device(lcut_iv)
 
     cols = np.zeros((T, p, L * LANE_COLS + 4), np.int32)
     tail = L * LANE_COLS
@@ -180,7 +190,7 @@ def plan(tbl: Table, *, stash: bool) -> Plan:
             for lane in range(L):
                 k, i, c = (int(z) for z in ops[t, d, lane])
                 s = c * p + d
-                row = [k, i, c, nx, ng, nr, nr, nl, nl, m]
+                row = [k, i, c, nx, ng, nr, nr, nl, nl, m, nc, nc, nlc, nlc]
                 if k != IDLE:
                     key = (d, i, s)
                     row[XR] = xsl.get(key, nx)
@@ -192,6 +202,10 @@ def plan(tbl: Table, *, stash: bool) -> Plan:
                         flane = lane
                     else:
                         row[RR], row[LR] = rsl.get(key, nr), lsl.get(key, nl)
+                    if k == BI:
+                        row[CW], row[LCW] = csl.get(key, nc), lcsl.get(key, nlc)
+                    if k == W:
+                        row[CR], row[LCR] = csl.get(key, nc), lcsl.get(key, nlc)
                     if k in (B, BI):
                         if blane is not None:
                             raise RuntimeError(f"{tbl.schedule}: two backwards at ({t}, {d})")
@@ -226,4 +240,6 @@ def plan(tbl: Table, *, stash: bool) -> Plan:
         res_slots=nr,
         last_slots=nl,
         lane_kinds=tuple(frozenset(k) for k in lane_kinds),
+        cut_slots=nc,
+        last_cut_slots=nlc,
     )

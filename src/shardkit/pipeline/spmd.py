@@ -88,6 +88,42 @@ def place(x: Any, mesh, manual: dict[int, Any], manual_axes: Sequence[str]) -> A
     return jax.sharding.reshard(x, NamedSharding(mesh, spec))
 
 
+def free_explicit_axes(mesh, manual_axes: Sequence[str]) -> tuple[str, ...]:
+    """The Explicit mesh axes that a partial-manual shard_map over ``manual_axes`` leaves free."""
+    types = dict(zip(mesh.axis_names, getattr(mesh, "axis_types", ()), strict=False))
+    return tuple(
+        a for a in mesh.axis_names if a not in manual_axes and types.get(a) == AxisType.Explicit
+    )
+
+
+def keep_free_axes(call: Callable, mesh, manual_axes: Sequence[str], args: tuple, out_specs) -> Any:
+    """Runs ``call(abstract_mesh, *args)`` (a partial-manual shard_map) so that the Explicit mesh
+    axes it leaves free keep their sharding across the shard_map boundary.
+
+    JAX lowers a partial-manual shard_map on a mesh without Auto axes with closed dimension
+    shardings, so a free Explicit axis (e.g. 'tensor') is replicated at the boundary: every
+    tensor-split input is all-gathered on entry and every output on exit (then sliced again
+    inside). Running the shard_map under ``jax.sharding.auto_axes`` over those axes leaves the
+    dimensions open and the compiler keeps the layout; ``out_specs`` (a tree of
+    ``PartitionSpec`` over the outputs) restores the Explicit types afterwards.
+    """
+    free = free_explicit_axes(mesh, manual_axes)
+    if not free:
+        return call(mesh, *args)
+
+    def inner(*a):
+        return call(jax.sharding.get_abstract_mesh(), *a)
+
+    with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+        return jax.sharding.auto_axes(inner, axes=free, out_sharding=out_specs)(*args)
+
+
+def spec_of(x: Any) -> P:
+    """``x``'s PartitionSpec on an Explicit mesh (``P()`` when it has none)."""
+    spec = getattr(jax.typeof(x).sharding, "spec", None)
+    return P(*spec) if spec is not None else P()
+
+
 def regroup(tree: Any, p: int, v: int, stage_axis: str, *, to_chunks: bool) -> Any:
     """Moves stage parameters between the block layout and the chunk layout (inside shard_map).
 

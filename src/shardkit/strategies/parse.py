@@ -28,8 +28,8 @@ def from_name(
             "data", "fsdp", "tensor", "stage". With "hybrid" it sets the degrees (default
             {"data": -1, "tensor": 2}); with other names it may only name that strategy's axis.
             "stage" > 1 adds a `Pipeline` degree.
-        schedule: pipeline schedule name ("gpipe", "1f1b", "interleaved", "zb-h1"; default
-            "1f1b"); needs "stage" in `mesh`.
+        schedule: pipeline schedule name ("gpipe", "1f1b", "interleaved", "zb-h1",
+            "zb-h1-fused"; default "1f1b"); needs "stage" in `mesh`.
         microbatches: pipeline micro-batches per step (default 2 x stage); needs "stage".
         residuals: "recompute" (default) or "stash" (see `Pipeline`); needs "stage".
 

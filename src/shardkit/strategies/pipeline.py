@@ -19,14 +19,15 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-SCHEDULE_NAMES = ("gpipe", "1f1b", "interleaved", "zb-h1")
+SCHEDULE_NAMES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-h1-fused")
 
 
 def schedule_from_name(name: str, *, virtual: int = 2):
     """The `shardkit.pipeline` schedule for a short name.
 
     Args:
-        name: "gpipe", "1f1b" (fused two-lane 1F1B), "interleaved" or "zb-h1".
+        name: "gpipe", "1f1b" (fused two-lane 1F1B), "interleaved", "zb-h1" or "zb-h1-fused"
+            (the three-lane zero-bubble table).
         virtual: virtual stages per device for "interleaved".
 
     Raises:
@@ -45,6 +46,7 @@ def schedule_from_name(name: str, *, virtual: int = 2):
         "interleaved": lambda: pp.Interleaved(v=virtual),
         "zb-h1": pp.ZeroBubbleH1,
         "zbh1": pp.ZeroBubbleH1,
+        "zb-h1-fused": lambda: pp.ZeroBubbleH1(fused=True),
     }
     if key not in table:
         raise ValueError(
@@ -63,7 +65,7 @@ class Pipeline:
             where v is the schedule's virtual stages per device (1 except `Interleaved`).
         schedule: a schedule from `shardkit.pipeline` (`GPipe()`, `OneFOneB()`,
             `Interleaved(v=2)`, `ZeroBubbleH1()`) or its short name ("gpipe", "1f1b",
-            "interleaved", "zb-h1"); default fused 1F1B.
+            "interleaved", "zb-h1", "zb-h1-fused"); default fused 1F1B.
         microbatches: micro-batches per step (m); default 2 * stages. The global batch is
             cut into m micro-batches; "data" splits each micro-batch.
         residuals: "recompute" (each backward op reruns its stage's forward: least memory)

@@ -20,7 +20,12 @@ _FLAGS = [
     ("--data", "data", str, "token file (.npy ids or raw bytes); default: synthetic reversal"),
     ("--length", "length", int, "reversal task: digits per sequence (default 8)"),
     ("--strategy", "strategy", str, "auto, dp, fsdp, zero1, tp or hybrid (default auto)"),
-    ("--schedule", "schedule", str, "pipeline schedule: gpipe, 1f1b, interleaved or zb-h1"),
+    (
+        "--schedule",
+        "schedule",
+        str,
+        "pipeline schedule: gpipe, 1f1b, interleaved, zb-h1 or zb-h1-fused",
+    ),
     ("--microbatches", "microbatches", int, "pipeline micro-batches per step (default 2 x stage)"),
     ("--residuals", "residuals", str, "pipeline backward: recompute (default) or stash"),
     ("--axis-types", "axis_types", str, "mesh axis types: auto or explicit (default auto)"),
