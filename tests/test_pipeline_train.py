@@ -160,6 +160,8 @@ def test_bad_pipeline_settings_are_clear_errors():
         make(Hybrid(data=2, pipeline=Pipeline(stages=4)), grad_accum=2)
     with pytest.raises(ValueError, match=r"last stage computes lm_loss.*fix: pass loss_fn"):
         make(Hybrid(data=2, pipeline=Pipeline(stages=4)), loss=lambda m, b: 0.0)
+    with pytest.raises(ValueError, match=r"bfloat16 with Pipeline\(stages=2\) and tensor=2 .*fix"):
+        make(Hybrid(data=2, tensor=2, pipeline=Pipeline(stages=2)), compute_dtype="bfloat16")
     with pytest.raises(ValueError, match=r"batch size 12 is not divisible by 16 .*microbatches=8"):
         make(Hybrid(data=2, pipeline=Pipeline(stages=4))).place_batch(TASK.batch(0, batch_size=12))
 

@@ -28,7 +28,8 @@ def pipeline_of(trainer) -> Any:
     Raises:
         ValueError: when the mesh lacks a matching "stage" axis, grad_accum > 1, the model has
             no `pipeline_stages`, its layers do not split into the stages, or the loss is not
-            the one the model's last stage computes; each names the fix.
+            the one the model's last stage computes, or bfloat16 with a tensor axis on CPU
+            (XLA:CPU aborts compiling it); each names the fix.
     """
     pipe = getattr(trainer.strategy, "pipeline", None)
     if pipe is None or pipe.stages == 1:
@@ -47,6 +48,16 @@ def pipeline_of(trainer) -> Any:
             f"grad_accum={trainer.grad_accum} with Pipeline(stages={pipe.stages}): the pipeline "
             "already splits the batch into micro-batches; fix: grad_accum=1 and "
             f"Pipeline(microbatches={pipe.microbatches * trainer.grad_accum})."
+        )
+    platform = trainer.mesh.devices.flat[0].platform
+    if trainer.compute_dtype == "bfloat16" and sizes.get("tensor", 1) > 1 and platform == "cpu":
+        # XLA:CPU's bf16 all-reduce promotion aborts the process ("Invalid binary instruction
+        # opcode copy") on the tensor all-reduces inside the pipeline's switch branches.
+        raise ValueError(
+            f"bfloat16 with Pipeline(stages={pipe.stages}) and tensor={sizes['tensor']} does not "
+            "compile on XLA's CPU backend (it aborts in its bf16 all-reduce pass); fix: "
+            "--precision float32 on CPU, or drop the tensor axis (e.g. --mesh "
+            f"data={sizes.get('data', 1) * sizes['tensor']},stage={pipe.stages})."
         )
     _probe(trainer, pipe)
     return pipe
