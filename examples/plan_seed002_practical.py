@@ -24,12 +24,12 @@ resnet50 on 8 x a100, batch 256
   best fsdp=8: 0.1 GB state/device, peak 1.8 GB, MFU 60%
   data=8 (the seed's choice): rank 7, 0.4 GB state/device, step +7%
 gpt2-1.5b on 4 x a100, batch 64
-  best fsdp=4: 6.2 GB state/device, peak 53.9 GB, MFU 61%
+  best fsdp=4: 6.2 GB state/device, peak 53.1 GB, MFU 61%
   stage=4 (the seed's choice): rank 8, 7.2 GB state/device, step +19%
   tensor=4 is no layout: tensor parallelism splits the 25 heads, 25 % 4 > 0
 gpt3-175b on 1024 x a100, batch 1536
-  best stage=8 data=16 tensor=8: 50.8 GB state/device, peak 70.8 GB, MFU 48%
-  stage=16 data=8 tensor=8 (the seed's choice): rank 2, 26.3 GB state/device, step +5%
+  best stage=16 data=8 tensor=8: 26.3 GB state/device, peak 64.1 GB, MFU 46%
+  stage=16 data=8 tensor=8 (the seed's choice): rank 1, 26.3 GB state/device, step +0%
   bubble with 192 micro-batches of 1 on 16 stages: 7.2% (the seed's (m-p+1)/m would say 7.8%)
 """
 
