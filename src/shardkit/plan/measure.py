@@ -469,12 +469,10 @@ def measure_gpt(
         branch_counts=[pattern for _, pattern in counts] if counts else None,
     )
     if counts and inspect_text:
-        stages = [d for d, _ in counts]
-        who = stages[m.branch_choice or 0]
         note = (
-            "pipelined step: collectives inside the executor's lax.switch branches counted "
-            "as often as the step table runs each branch, on the busiest device (stage "
-            f"{who} of {axes['stage']}), not at every step"
+            "pipelined steps: collectives inside the executor's lax.switch branches counted "
+            "as often as the step table runs each branch on the stage that moves the most "
+            "bytes, not at every step"
         )
         m = dataclasses.replace(m, notes=(*m.notes, note))
     return m
