@@ -342,3 +342,38 @@ def test_mesh_axes_of_groups():
     assert groups.mesh_axes_of([[0, 1], [1, 0]], names, sizes, pairs=True) == (("model",), "")
     # ids beyond the mesh: not decodable against it
     assert groups.mesh_axes_of([[0, 9]], names, sizes, pairs=False) == (None, "")
+
+
+def test_branch_counts_weight_a_switch_over_a_table_in_a_scan():
+    # a table of branch indices scanned over; only branch 1 holds a psum (and runs 3 times)
+    mesh = jax.make_mesh((8,), ("x",), axis_types=(AxisType.Explicit,))
+    table = [0, 1, 2, 1, 0, 1, 2]
+
+    def local(a):
+        def step(c, k):
+            psum = lambda c: jax.lax.pcast(jax.lax.psum(c, "x"), "x", to="varying")  # noqa: E731
+            with jax.named_scope("lane0"):
+                c = jax.lax.switch(k, [lambda c: c + 1, psum, lambda c: c * 2], c)
+            return c, None
+
+        return jax.lax.scan(step, a, jnp.asarray(table))[0]
+
+    f = lambda a: jax.shard_map(local, mesh=mesh, in_specs=P("x"), out_specs=P("x"))(a)  # noqa: E731
+    x = jax.ShapeDtypeStruct((16,), jnp.float32, sharding=NamedSharding(mesh, P("x")))
+    compiled = jax.jit(f).lower(x).compile()
+    module = hlo.parse_hlo(compiled.as_text())
+    weights = [table.count(k) for k in range(3)]  # (2, 3, 2)
+    (cond,) = hlo.conditional_matches(module, "lane0")
+    (c,) = si.inspect(compiled).collectives
+    assert c.count == len(table)  # unweighted: every branch as if taken at every step
+    (c,) = si.inspect(compiled, branch_counts={"lane0": weights}).collectives
+    assert c.count == 3 and c.total_bytes == 3 * c.bytes_moved
+    assert hlo.execution_counts(module, {cond.name: weights})[c.computation] == 3
+    # the same conditional by its instruction name; counts scale with the loop
+    assert hlo.execution_counts(module, {cond.name: (1, 1, 1)})[c.computation] == 2  # 7/3
+    with pytest.raises(ValueError, match=r"'lane9' names no conditional.*lane0.*Fix: "):
+        hlo.execution_counts(module, {"lane9": weights})
+    with pytest.raises(ValueError, match=r"2 counts but conditional .* has 3 branches.*Fix: "):
+        hlo.execution_counts(module, {"lane0": (1, 2)})
+    with pytest.raises(ValueError, match=r"\(0, 0, 0\) must be executions.*Fix: "):
+        hlo.execution_counts(module, {"lane0": (0, 0, 0)})

@@ -126,6 +126,31 @@ def test_verify_compiles_data_x_tensor_x_stage(verification):
     # two layers per stage: each backward reruns the stage's first layer for the second's
     # input, then each block under remat; the compiled count matches the planner's
     assert abs(check.row("flops").error) < 0.05
+    # collectives inside the executor's switch branches counted as the step table runs them
+    # on the busiest device (stage 0 here: its F and B ops both run the forward's all-reduces)
+    assert check.measurement.branch_choice == 0
+    assert abs(check.row("all-reduce").error) < 0.05, check.row("all-reduce")
+    assert any("as often as the step table runs each branch" in n for n in verification.notes)
+
+
+def test_branch_counts_follow_the_table_and_differ_only_on_the_last_stage():
+    # the lockstep claim behind counting one device: per lane, every device runs each kind
+    # equally often; only the last stage runs them as their last-stage (loss head) twins
+    from shardkit.pipeline.engine import branch_counts
+
+    for name, p, m in grid():
+        v = 2 if name == "interleaved" else 1
+        t = table(schedule_object(name, virtual=v), p, m)
+        for lane, counts in enumerate(branch_counts(t)):
+            assert counts.shape[0] == p and (counts.sum(axis=1) == t.steps).all()
+            kinds = sorted({int(k) for k in t.ops[:, :, lane, 0].ravel()} - {0})
+            for j, k in enumerate(kinds):
+                per_device = counts[:, 1 + 2 * j] + counts[:, 2 + 2 * j]
+                expect = (t.ops[:, :, lane, 0] == k).sum(axis=0)
+                assert (per_device == expect).all() and len(set(per_device)) == 1, (name, p, m)
+                assert counts[:-1, 2 + 2 * j].sum() == 0  # head twins: last stage only
+                last = (t.ops[:, -1, lane, 0] == k) & (t.ops[:, -1, lane, 2] == v - 1)
+                assert counts[-1, 2 + 2 * j] == last.sum()
 
 
 def test_strategy_auto_trains_a_pipelined_row_when_it_ranks_first():

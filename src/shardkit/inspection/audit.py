@@ -21,6 +21,7 @@ from __future__ import annotations
 import inspect as _pyinspect
 import math
 import time
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from shardkit.inspection import groups as groups_mod
@@ -168,10 +169,18 @@ def _bytes(kind: str, operand_bytes: int, n: int) -> tuple[int, float]:
 
 
 def collectives_of(
-    module: hlo.HloModule, mesh_names: tuple[str, ...], mesh_sizes: tuple[int, ...]
+    module: hlo.HloModule,
+    mesh_names: tuple[str, ...],
+    mesh_sizes: tuple[int, ...],
+    *,
+    branch_counts: Mapping[str, Sequence[int]] | None = None,
 ) -> tuple[Collective, ...]:
-    """Every collective of a parsed program, decoded against a mesh (names and sizes)."""
-    counts = hlo.execution_counts(module)
+    """Every collective of a parsed program, decoded against a mesh (names and sizes).
+
+    `branch_counts` weights the branches of named conditionals (see
+    `shardkit.inspection.hlo.execution_counts`); without it every branch counts as taken.
+    """
+    counts = hlo.execution_counts(module, branch_counts)
     out = []
     for ins in module.collectives():
         kind = ins.kind
@@ -349,6 +358,7 @@ def inspect(
     *args: Any,
     mesh: Any = None,
     large_bytes: float = DEFAULT_LARGE_BYTES,
+    branch_counts: Mapping[str, Sequence[int]] | None = None,
     **kwargs: Any,
 ) -> Report:
     """Compiles `fn` for `args` and reports what the compiler did.
@@ -365,7 +375,12 @@ def inspect(
         mesh: the mesh to decode collectives against; default: the mesh of the program's
             `NamedSharding`s, else the one set with `jax.set_mesh`.
         large_bytes: collectives moving more bytes per device per call get a warning.
-        **kwargs: keyword arguments for `fn` (any name but `mesh` and `large_bytes`).
+        branch_counts: how often each branch of a data-dependent conditional runs, for
+            collectives inside `lax.switch` branches: conditional key (its instruction name or
+            an `op_name` component such as a `jax.named_scope`) -> executions per branch; see
+            `shardkit.inspection.hlo.execution_counts`. Default: every branch counts as taken.
+        **kwargs: keyword arguments for `fn` (any name but `mesh`, `large_bytes` and
+            `branch_counts`).
 
     Returns:
         A `Report` (print it, or use `.to_dict()`, `.to_json()`, `.to_html()`).
@@ -373,6 +388,7 @@ def inspect(
     Raises:
         TypeError: `fn` is not callable, or the arguments do not match its signature.
         NoMeshError: the program has no mesh (no NamedSharding anywhere, no `jax.set_mesh`).
+        ValueError: a `branch_counts` key names no conditional, or has the wrong length.
 
     Example:
         >>> mesh = jax.make_mesh((8,), ("x",))
@@ -409,7 +425,7 @@ def inspect(
             "mesh= the mesh the program was compiled for."
         )
     t1 = time.perf_counter()
-    colls = collectives_of(module, names, sizes)
+    colls = collectives_of(module, names, sizes, branch_counts=branch_counts)
     platform = _platform(compiled)
     findings = _findings(compiled, colls, large_bytes, platform)
     parse_seconds = parse_text + time.perf_counter() - t1

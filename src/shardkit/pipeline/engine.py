@@ -52,6 +52,50 @@ from shardkit.pipeline.schedule import BI, IDLE, B, F, GPipe, W, table
 from shardkit.pipeline.split import SplitBackward
 
 RESIDUALS = ("recompute", "stash")
+LANE_SCOPE = "pipeline_lane{}"
+"""The ``jax.named_scope`` of lane ``l``'s ``lax.switch`` (an ``op_name`` component in HLO)."""
+
+
+def _lane_branches(kinds) -> tuple[int, ...]:
+    """The non-idle kinds of a lane, sorted: kind ``kinds[j]`` runs as branch ``1 + 2j`` (or
+    ``2 + 2j`` on the last model stage, where the loss head follows); branch 0 is idle."""
+    return tuple(sorted(set(int(k) for k in kinds) - {IDLE}))
+
+
+def branch_counts(tbl) -> tuple[np.ndarray, ...]:
+    """How often each device runs each branch of each lane's ``lax.switch`` in one step.
+
+    The executor's lane ``l`` switches (under ``jax.named_scope(LANE_SCOPE.format(l))``) over
+    the branches idle, then per kind the lane runs (sorted codes) that kind and its last-stage
+    twin (the op of model stage ``p*v - 1``, followed by the loss head). A collective inside
+    branch ``k`` runs ``counts[l][d, k]`` times per step on device ``d`` (the switch itself
+    runs ``table.steps`` times: every row holds exactly one branch per lane).
+
+    Args:
+        tbl: the step table the executor scans over (``table(schedule, p, m)``).
+
+    Returns:
+        Per lane, an ``int [p, branches]`` array; each row sums to ``tbl.steps``.
+
+    Example:
+        >>> from shardkit.pipeline import OneFOneB, table
+        >>> [c.tolist() for c in branch_counts(table(OneFOneB(), p=2, m=2))]
+        [[[2, 2, 0], [2, 0, 2]], [[2, 2, 0], [2, 0, 2]]]
+    """
+    ops = np.asarray(tbl.ops)
+    T, p, L, _ = ops.shape
+    v = tbl.virtual
+    out = []
+    for lane in range(L):
+        kinds = _lane_branches(ops[:, :, lane, 0].ravel())
+        counts = np.zeros((p, 1 + 2 * len(kinds)), np.int64)
+        for t in range(T):
+            for d in range(p):
+                k, _, c = (int(z) for z in ops[t, d, lane])
+                last = d == p - 1 and c == v - 1
+                counts[d, 0 if k == IDLE else 1 + 2 * kinds.index(k) + last] += 1
+        out.append(counts)
+    return tuple(out)
 
 
 # --------------------------------------------------------------------------- validation
@@ -249,7 +293,7 @@ def _table_body(stage_fn, last_fn, plan: sl.Plan, *, stage_axis, v, input_grad, 
             return jax.tree.map(jnp.zeros_like, a)
 
         def branches_for(lane):
-            kinds = sorted(has[lane] - {IDLE})
+            kinds = list(_lane_branches(has[lane]))
             outs = {"loss"}  # what this lane's branches return
             if F in kinds:
                 outs |= {"y"} | ({"res", "lres"} if stash else set())
@@ -369,7 +413,8 @@ def _table_body(stage_fn, last_fn, plan: sl.Plan, *, stage_axis, v, input_grad, 
                 is_last = (d == p - 1) & (c == v - 1)
                 branch = jnp.where(k == IDLE, 0, base[k] + is_last.astype(jnp.int32))
                 bufs = (xs, ts, xbuf, gbuf, rbuf, lbuf, cbuf, lcbuf, sp)
-                got = lax.switch(branch, fns, (idx, state, bufs))
+                with jax.named_scope(LANE_SCOPE.format(lane)):  # see branch_counts
+                    got = lax.switch(branch, fns, (idx, state, bufs))
                 loss = loss + got["loss"]
                 if "res" in got:
                     rbuf = spmd.put(rbuf, col(sl.RW), got["res"])

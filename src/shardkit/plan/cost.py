@@ -292,6 +292,7 @@ def evaluate(
         )
     zero = zero if fsdp > 1 else 0
     pf = pipe.facts(schedule, stage, m, v)  # steps, in-flight, bubble of the executor
+    head_on_busiest = True  # the busiest device computes the loss head (see tp_count)
     prec = get_precision(workload.precision)
     c = prec.compute
     wb, _, _ = bytes_per_param(prec, workload.optimizer)
@@ -365,6 +366,14 @@ def evaluate(
         model_flops = w.tokens * w.model_flops_per_token()
         act_bytes_tp = c * w.seq * b * w.d_model
         tp_count = (local_layers * _tp_all_reduces(w, remat) + 2) * m
+        if stage > 1 and remat == "block":  # the executor's residuals="recompute": a stage
+            # before the last runs each micro-batch's forward in its F op and again in its B
+            # op (the last stage's F only hands the micro-batch on; its B runs the forward
+            # with the head), so it all-reduces the forward's two per block twice and has no
+            # head; the busiest device is the one with more
+            first = local_layers * (_tp_all_reduces(w, remat) + 2) * m
+            if first > tp_count:
+                tp_count, head_on_busiest = first, False
         block_c = local_layers * layer_t * c  # the scanned blocks' share of the weights
         gather_calls = local_layers + 1  # each block, then embedding and head together
     else:
@@ -424,7 +433,8 @@ def evaluate(
         add("reduce-scatter", act_bytes_tp, tp_count, "tensor", tensor, 1)
     else:
         add("all-reduce", act_bytes_tp, tp_count, "tensor", tensor, 1)
-    if isinstance(w, Transformer):  # vocab-parallel softmax: max, sum and target logit (f32)
+    if isinstance(w, Transformer) and head_on_busiest:  # vocab-parallel softmax: max, sum and
+        # the target logit (f32), on the last stage
         add("all-reduce", 4 * w.seq * b, 3 * m, "tensor", tensor, 1)
     add("all-reduce", 4, 1, "data", replicas, tensor)  # the loss, averaged over the batch
     sends = act_bytes_tp / (tensor if sp else 1)  # SP sends each rank's slice of the sequence

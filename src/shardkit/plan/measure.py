@@ -21,6 +21,13 @@ XLA:CPU is not the GPU/TPU backend, so two of its habits are normalised (both ke
    pass, over a group that includes the ZeRO axis) is counted as the reduce-scatter over that
    axis plus an all-reduce of the shard over the group's other axes.
 
+A pipelined step scans the executor's step table with one `lax.switch` per lane; collectives
+inside a branch (the tensor all-reduces of a forward or backward) run as often as the table
+takes that branch, not at every step. `measure_gpt` passes the table's counts
+(`shardkit.pipeline.engine.branch_counts`) to the audit as `branch_counts`, for the busiest
+device: the last stage, whose ops are the other stages' plus the loss head (every device runs
+the same number of ops of each kind per lane; only the last stage's carry the head).
+
 Example:
     >>> from shardkit.models import GPTConfig
     >>> from shardkit.strategies import Hybrid
@@ -62,6 +69,7 @@ class Measurement:
         notes: the normalisations applied, in words.
         compile_seconds: time to trace, lower and compile.
         report: the full `shardkit.inspect` report of the compiled step.
+        branch_choice: with a list of `branch_counts`, the index of the one kept.
     """
 
     mesh: dict[str, int]
@@ -76,6 +84,7 @@ class Measurement:
     notes: tuple[str, ...]
     compile_seconds: float
     report: Report | None = dataclasses.field(default=None, repr=False, compare=False)
+    branch_choice: int | None = None
 
     @property
     def peak_bytes(self) -> int:
@@ -254,7 +263,12 @@ def normalise(
 
 
 def measure(
-    fn: Any, *args: Any, mesh: Any, zero_axis: str | None = None, inspect_text: bool = True
+    fn: Any,
+    *args: Any,
+    mesh: Any,
+    zero_axis: str | None = None,
+    inspect_text: bool = True,
+    branch_counts: Any = None,
 ) -> Measurement:
     """Compiles a jitted step for abstract arguments on `mesh` and measures it.
 
@@ -267,6 +281,12 @@ def measure(
         mesh: a `jax.sharding.Mesh` of present devices, or an `AbstractMesh` of any size.
         zero_axis: mesh axis gradients are split over, for the reduce-scatter normalisation.
         inspect_text: read the collectives (False: memory and FLOPs only, faster).
+        branch_counts: executions per branch of data-dependent conditionals (e.g. a
+            `lax.switch` over a table in a scan), keyed by instruction name or `op_name`
+            component; see `shardkit.inspection.hlo.execution_counts`. A list of such
+            mappings (one per device whose branches differ): the one giving the most
+            collective bytes, the busiest device, is kept (`Measurement.branch_choice`).
+            Collectives only: FLOPs still count every branch at every step.
 
     Returns:
         A `Measurement`.
@@ -284,6 +304,7 @@ def measure(
     from jax.sharding import AbstractMesh, Mesh
 
     from shardkit.inspection import inspect
+    from shardkit.inspection.audit import collectives_of
     from shardkit.inspection.hlo import parse_hlo
 
     if not isinstance(mesh, Mesh | AbstractMesh):
@@ -294,7 +315,10 @@ def measure(
     t0 = time.perf_counter()
     compiled, abstract = _compile(fn, args, mesh)
     seconds = time.perf_counter() - t0
-    report = inspect(compiled, mesh=mesh) if inspect_text else None
+    options = [branch_counts] if branch_counts is None or hasattr(branch_counts, "keys") else (
+        list(branch_counts)
+    )  # fmt: skip
+    report = inspect(compiled, mesh=mesh, branch_counts=options[0]) if inspect_text else None
     mem = compiled.memory_analysis()
     cost = compiled.cost_analysis()
     cost = (cost[0] if isinstance(cost, list | tuple) and cost else cost) or {}
@@ -302,9 +326,18 @@ def measure(
     flops, known = matmul_flops(module)
     kinds: dict[str, dict[str, float]] = {}
     notes: tuple[str, ...] = ()
+    choice = 0 if len(options) > 1 else None
     if report is not None:
         narrow = _promoted(module) | _narrowed_after(module)
         kinds, notes = normalise(report, zero_axis=zero_axis, promoted=narrow)
+        names, sizes = tuple(report.mesh), tuple(report.mesh.values())
+        for i, alt in enumerate(options[1:], 1):  # the busiest device's branches
+            other = dataclasses.replace(
+                report, collectives=collectives_of(module, names, sizes, branch_counts=alt)
+            )
+            got = normalise(other, zero_axis=zero_axis, promoted=narrow)
+            if sum(v["bytes"] for v in got[0].values()) > sum(v["bytes"] for v in kinds.values()):
+                report, (kinds, notes), choice = other, got, i
     if not known:
         notes += ("some loop trip counts are unknown: their matmul FLOPs are counted once",)
     return Measurement(
@@ -320,6 +353,7 @@ def measure(
         notes=notes,
         compile_seconds=seconds,
         report=report,
+        branch_choice=choice,
     )
 
 
@@ -424,11 +458,41 @@ def measure_gpt(
         donate_argnums=(0,),
     )
     zero_axis = "fsdp" if axes.get("fsdp", 1) > 1 else None
-    return measure(
+    counts = _pipeline_branch_counts(trainer.pipeline, axes) if trainer.pipeline else None
+    m = measure(
         step,
         trainer.abstract_state,
         abstract_batch,
         mesh=mesh,
         zero_axis=zero_axis,
         inspect_text=inspect_text,
+        branch_counts=[pattern for _, pattern in counts] if counts else None,
     )
+    if counts and inspect_text:
+        note = (
+            "pipelined steps: collectives inside the executor's lax.switch branches counted "
+            "as often as the step table runs each branch on the stage that moves the most "
+            "bytes, not at every step"
+        )
+        m = dataclasses.replace(m, notes=(*m.notes, note))
+    return m
+
+
+def _pipeline_branch_counts(pipeline: Any, axes: dict[str, int]) -> list[tuple[int, dict]]:
+    """(stage index, lane scope -> executions per branch), one per distinct count pattern.
+
+    Every device runs the same ops of each kind per lane; the last stage's run as their
+    last-stage twins (with the loss head), so the pattern of stage 0 and of the last stage
+    are usually the only two.
+    """
+    from shardkit.pipeline import table
+    from shardkit.pipeline.engine import LANE_SCOPE, branch_counts
+
+    tbl = table(pipeline.schedule, axes["stage"], pipeline.microbatches)
+    lanes = branch_counts(tbl)
+    out: list[tuple[int, dict]] = []
+    for d in range(axes["stage"]):
+        pattern = {LANE_SCOPE.format(i): tuple(int(n) for n in c[d]) for i, c in enumerate(lanes)}
+        if all(pattern != seen for _, seen in out):
+            out.append((d, pattern))
+    return out
