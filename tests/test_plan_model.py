@@ -14,6 +14,7 @@ import pytest
 
 import shardkit
 from shardkit.cli import main
+from shardkit.pipeline import OneFOneB, table
 from shardkit.plan import (
     DoesNotFitError,
     NoValidLayoutError,
@@ -133,9 +134,10 @@ def test_pipeline_bubble_and_in_flight_microbatches():
     assert 1 - mem.bubble_fraction(4, 4) == pytest.approx(4 / 7)  # 57.1%, not the seed's 25%
     assert 1 - mem.bubble_fraction(8, 8) == pytest.approx(8 / 15)
     assert mem.bubble_fraction(1, 8) == 0
-    assert mem.in_flight_microbatches("1f1b", 8, 32) == 8
-    assert mem.in_flight_microbatches("1f1b", 8, 4) == 4
-    assert mem.in_flight_microbatches("gpipe", 8, 32) == 32
+    # in flight on the first stage, from the step tables the executor runs
+    assert table(OneFOneB(fused=False), 8, 32).peak_in_flight[0] == 8
+    assert table(OneFOneB(fused=False), 8, 4).peak_in_flight[0] == 4
+    assert facts("gpipe", 8, 32).in_flight == 32
     w = preset("gpt3-175b")
     one = evaluate(w, "a100", data=8, tensor=8, stage=16, microbatches=192, remat="block")
     gp = evaluate(w, "a100", data=8, tensor=8, stage=16, microbatches=192, remat="block",

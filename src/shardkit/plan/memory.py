@@ -247,30 +247,6 @@ def activation_terms(
     raise ValueError(f"unknown remat policy {remat!r}; fix: 'none', 'dots' or 'block'.")
 
 
-def in_flight_microbatches(schedule: str, stages: int, microbatches: int, virtual: int = 1):
-    """Micro-batches whose activations the first pipeline stage holds at its peak.
-
-    GPipe: m. 1F1B: min(m, p). Interleaved 1F1B: p x (1 + (p-1)/(p v)) (Megatron's memory
-    penalty), at most m x ... . No pipeline (p = 1): 1 (gradient accumulation runs the
-    micro-batches one after another).
-
-    Raises:
-        ValueError: for an unknown schedule.
-    """
-    p, m = stages, microbatches
-    if p == 1:
-        return 1.0
-    if schedule == "gpipe":
-        return float(m)
-    if schedule == "1f1b":
-        return float(min(m, p))
-    if schedule == "interleaved":
-        return min(m, p) * (1 + (p - 1) / (p * virtual))
-    raise ValueError(
-        f"unknown pipeline schedule {schedule!r}; fix: '1f1b', 'gpipe' or 'interleaved'."
-    )
-
-
 def bubble_fraction(stages: int, microbatches: int, virtual: int = 1) -> float:
     """Idle share of a pipelined step: (p-1)/(v m + p-1) (GPipe/1F1B when v = 1).
 
