@@ -241,10 +241,11 @@ def test_gpt3_175b_on_1024_a100_is_tp8_pp16_dp8():
 
 
 def test_llama3_70b_on_256_h100_fsdp_tp8_with_sequence_parallelism():
-    # torchtitan Table 4: FSDP 32 x TP 8, global batch 512, 829 tokens/s/GPU (~41% of bf16
-    # peak, with Float8 matmuls). Its TP shards the norms over the sequence (sequence
-    # parallelism), so the published system is predicted with sequence_parallel=True; the
-    # plain plan (shardkit's own TP, no SP) is the comparison.
+    # torchtitan Table 4: FSDP 32 x TP 8, global batch 512, 829 tokens/s/GPU with Float8
+    # matmuls, i.e. 40.3% of the bf16 peak at 481 GFLOP/token; Float8 ran the 8B model 1.28x
+    # faster than bf16 (Table 1: 8,532 vs 6,667), so a bf16 run would reach about 31.5%. Its TP
+    # shards the norms over the sequence (sequence parallelism), so the published system is
+    # predicted with sequence_parallel=True; the plain plan (shardkit's own TP) is the foil.
     plain = plan("llama3-70b", devices=256, hardware="h100", batch=512)
     sp = plan("llama3-70b", devices=256, hardware="h100", batch=512, sequence_parallel=True)
     without, published = plain.find(fsdp=32, tensor=8), sp.find(fsdp=32, tensor=8)
@@ -252,13 +253,35 @@ def test_llama3_70b_on_256_h100_fsdp_tp8_with_sequence_parallelism():
     # SP splits the block inputs 8 ways: the same 16 micro-batches need no remat, so faster
     assert published.remat == "none" and without.remat != "none"
     assert published.step_time < 0.95 * without.step_time
-    assert 0.25 <= published.mfu <= 0.41
-    # Not in the top 3: TP8's activation traffic is twice TP4's and is not overlapped in the
-    # model (torchtitan's AsyncTP overlaps it: 876 vs 829 tokens/s); docs/plan.md records it
-    assert sp.rank(published) <= 5 and published.step_time <= 1.10 * sp.best.step_time
+    assert 0.315 <= published.mfu <= 0.403
+    assert sp.rank(published) <= 3
+    # the TP4 layouts that win with every share hidden lose with the fitted cross-node share:
+    # their FSDP traffic is twice TP8's per device, and most of it crosses nodes
+    hidden = get_hardware("h100").replace(overlap_inter=0.9)
+    optimistic = plan("llama3-70b", devices=256, hardware=hidden, batch=512, sequence_parallel=True)
+    assert optimistic.best.tensor == 4 and optimistic.rank(optimistic.find(fsdp=32, tensor=8)) > 3
     with pytest.raises(ValueError, match=r"sequence parallelism over tensor=8.*fix: plan\("):
         published.strategy()
     assert not published.runnable and without.runnable
+
+
+def test_cross_node_overlap_reproduces_torchtitan_fsdp_scaling():
+    # torchtitan Tables 1 and 3 (Llama-3.1 8B, FSDP, local batch 2, selective checkpointing):
+    # 6,667 tokens/s per GPU on 8 H100s, 6,514 on 128 with torch.compile (-2.3%); eager -2.7%,
+    # Float8 -1.8%. The GPU profiles' cross-node hidden share is fitted to the compile pair.
+    hw = get_hardware("h100-96gb")
+    one = evaluate(preset("llama3-8b", batch=16), hw, fsdp=8, remat="dots", microbatches=1)
+    many = evaluate(preset("llama3-8b", batch=256), hw, fsdp=128, remat="dots", microbatches=1)
+    assert 0.37 <= one.mfu <= 0.40  # the compile run: 39% MFU
+    loss = 1 - one.step_time / many.step_time
+    assert 0.018 <= loss <= 0.027, loss
+    # hiding 90% across nodes too would predict no loss at all
+    all_hidden = hw.replace(overlap_inter=None)
+    one = evaluate(preset("llama3-8b", batch=16), all_hidden, fsdp=8, remat="dots", microbatches=1)
+    many = evaluate(
+        preset("llama3-8b", batch=256), all_hidden, fsdp=128, remat="dots", microbatches=1
+    )
+    assert abs(1 - one.step_time / many.step_time) < 0.005
 
 
 def test_sequence_parallelism_trades_each_all_reduce_for_all_gather_and_reduce_scatter():

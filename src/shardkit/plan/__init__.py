@@ -13,7 +13,7 @@ Example:
     >>> import shardkit.plan as sp
     >>> p = sp.plan("llama3-70b", devices=256, hardware="h100", batch=512)
     >>> p.best.mesh_axes
-    {'data': 2, 'fsdp': 32, 'tensor': 4}
+    {'data': 4, 'fsdp': 64}
     >>> text = str(p)  # the ranked table and why the top row wins
     >>> p.best.strategy().mesh_axes(256) == p.best.mesh_axes
     True

@@ -65,15 +65,15 @@ def split_domains(hw: Hardware, size: int, inner: int = 1) -> tuple[int, int]:
     return a, math.ceil(size / a)
 
 
-def _rs_time(nbytes: float, size: int, hw: Hardware, inner: int) -> float:
+def _rs_parts(nbytes: float, size: int, hw: Hardware, inner: int) -> tuple[float, float]:
     a, k = split_domains(hw, size, inner)
-    t = 0.0
+    intra = inter = 0.0
     if a > 1:
         hops = a / 2 if hw.torus else 1
-        t += hw.latency_intra * hops + nbytes * (a - 1) / a / (hw.axis_bw() * hw.eff_intra)
+        intra = hw.latency_intra * hops + nbytes * (a - 1) / a / (hw.axis_bw() * hw.eff_intra)
     if k > 1:
-        t += hw.latency_inter + (nbytes / a) * (k - 1) / k / (hw.inter_bw * hw.eff_inter)
-    return t
+        inter = hw.latency_inter + (nbytes / a) * (k - 1) / k / (hw.inter_bw * hw.eff_inter)
+    return intra, inter
 
 
 def collective_time(kind: str, nbytes: float, size: int, hw: Hardware, *, inner: int = 1):
@@ -90,16 +90,34 @@ def collective_time(kind: str, nbytes: float, size: int, hw: Hardware, *, inner:
     Raises:
         ValueError: for an unknown kind.
     """
+    return sum(collective_time_parts(kind, nbytes, size, hw, inner=inner))
+
+
+def collective_time_parts(
+    kind: str, nbytes: float, size: int, hw: Hardware, *, inner: int = 1
+) -> tuple[float, float]:
+    """`collective_time` split into (inside the fast domain, across domains) seconds.
+
+    The planner hides the two parts behind compute in different shares (`Hardware.overlap`,
+    `Hardware.overlap_inter`).
+
+    Example:
+        >>> from shardkit.plan.hardware import get_hardware
+        >>> intra, inter = collective_time_parts("all-gather", 1e9, 16, get_hardware("h100"))
+        >>> round(intra * 1e3, 2), round(inter * 1e3, 2)  # 8 GPUs per node, then 2 nodes
+        (2.38, 1.38)
+    """
     if size <= 1 or nbytes <= 0:
-        return 0.0
+        return 0.0, 0.0
     if kind in ("all-gather", "reduce-scatter"):
-        return _rs_time(nbytes, size, hw, inner)
+        return _rs_parts(nbytes, size, hw, inner)
     if kind == "all-reduce":
-        return 2 * _rs_time(nbytes, size, hw, inner)
+        intra, inter = _rs_parts(nbytes, size, hw, inner)
+        return 2 * intra, 2 * inter
     if kind == "all-to-all":  # each device keeps 1/n and sends (n-1)/n^2 of V to each peer
-        return _rs_time(nbytes / size, size, hw, inner) * 1.0
+        return _rs_parts(nbytes / size, size, hw, inner)
     if kind == "collective-permute":
-        intra = inner < hw.domain
-        bw = hw.intra_bw * hw.eff_intra if intra else hw.inter_bw * hw.eff_inter
-        return (hw.latency_intra if intra else hw.latency_inter) + nbytes / bw
+        if inner < hw.domain:
+            return hw.latency_intra + nbytes / (hw.intra_bw * hw.eff_intra), 0.0
+        return 0.0, hw.latency_inter + nbytes / (hw.inter_bw * hw.eff_inter)
     raise ValueError(f"unknown collective {kind!r}; fix: one of {KINDS}.")

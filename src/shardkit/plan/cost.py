@@ -405,15 +405,18 @@ def evaluate(
     # -- communication ------------------------------------------------------------------
     coll: dict[str, float] = {}
     times = {"tensor": 0.0, "fsdp": 0.0, "data": 0.0, "stage": 0.0}
+    across = dict.fromkeys(times, 0.0)  # the part of each axis' time spent across domains
 
     def add(kind, nbytes, count, axis, size, inner):
         if size <= 1 or count <= 0:
             return
         coll[kind] = coll.get(kind, 0.0) + count * comm.bytes_moved(kind, nbytes, size)
-        times[axis] += count * comm.collective_time(kind, nbytes, size, hw, inner=inner)
+        intra, inter = comm.collective_time_parts(kind, nbytes, size, hw, inner=inner)
+        times[axis] += count * (intra + inter)
+        across[axis] += count * inter
 
     weights_c = n_stage * c
-    per_micro = {"all-gather": 0.0}  # seconds of traffic repeated per micro-batch
+    per_micro = (0.0, 0.0)  # seconds of traffic repeated per micro-batch (total, across)
     if fsdp > 1 and zero == 3:  # gathered and reduced one layer at a time
         passes = 1 if remat == "none" else 2
         calls = gather_calls
@@ -423,7 +426,7 @@ def evaluate(
         add("all-gather", block_c / blocks, passes * m * blocks, "fsdp", fsdp, tensor)
         add("all-gather", weights_c - block_c, m, "fsdp", fsdp, tensor)
         add("reduce-scatter", weights_c / calls, m * calls, "fsdp", fsdp, tensor)
-        per_micro["all-gather"] = times["fsdp"]
+        per_micro = (times["fsdp"], across["fsdp"])
     elif fsdp > 1:
         add("reduce-scatter", weights_c, 1, "fsdp", fsdp, tensor)
         add("all-gather", n_stage * wb, 1, "fsdp", fsdp, tensor)
@@ -454,10 +457,12 @@ def evaluate(
     # ZeRO-3 traffic recurs per micro-batch and overlaps the whole step; the once-per-step
     # gradient reduction (and ZeRO-1's gather) waits for the last micro-batch's backward
     # pass (after the pipeline flush), so only that much compute can hide it.
-    micro = per_micro["all-gather"]
+    micro, micro_across = per_micro
     once = times["fsdp"] + times["data"] - micro
-    o = hw.overlap
-    exposed = micro - o * min(micro, core) + once - o * min(once, core_work / m)
+    once_across = across["fsdp"] + across["data"] - micro_across
+    exposed = _exposed(micro, micro_across, core, hw) + _exposed(
+        once, once_across, core_work / m, hw
+    )
     update = 2 * (state.params + state.grads + state.optimizer) / hw.hbm_bw
     step = core + exposed + update
     devices = replicas * tensor * stage
@@ -480,6 +485,18 @@ def evaluate(
         update_time=update, step_time=step, mfu=model_flops / (step * devices * peak),
         hfu=flops / (step * peak), bottleneck=bottleneck, virtual=v, sequence_parallel=sp,
     )  # fmt: skip
+
+
+def _exposed(total: float, across: float, window: float, hw: Hardware) -> float:
+    """Seconds of `total` traffic (`across` of it between domains) that `window` seconds of
+    compute do not hide: a share `hw.overlap` of the traffic inside fast domains and
+    `hw.overlap_inter` of the traffic across them hides, at most that share of the window.
+    With equal shares o this is total - o x min(total, window), the scaling book's bounds at
+    o = 1 (max of compute and comms) and o = 0 (their sum).
+    """
+    o_in, o_across = hw.overlap, hw.inter_overlap
+    hideable = o_in * (total - across) + o_across * across
+    return total - min(hideable, max(o_in, o_across) * window)
 
 
 def _tp_all_reduces(w: Transformer, remat: str) -> int:
