@@ -390,6 +390,17 @@ def test_bad_workload_values():
         evaluate(preset("llama3-8b"), "h100", tensor=3)
 
 
+def test_uneven_stages_still_give_every_chunk_a_layer():
+    # uneven_stages lets a stage hold ceil(L/p) layers, never none: 6 layers, 64 devices
+    w = Transformer(layers=6, d_model=64, heads=4, vocab=64, seq=16, batch=64, uneven_stages=True)
+    for schedule, v in (("1f1b", 1), ("interleaved", 2)):
+        p = plan(w, devices=64, hardware="h100", schedule=schedule, virtual=v)
+        assert {c.stage for c in p.candidates} >= {1, 2}
+        assert all(c.stage * c.virtual <= 6 for c in p.candidates), schedule
+    with pytest.raises(ValueError, match=r"stage x virtual = 4 x 2 exceeds layers=6.*fix"):
+        evaluate(w, "h100", stage=4, microbatches=4, schedule="interleaved", virtual=2)
+
+
 def test_docstring_examples_run_as_written():
     import doctest
     import importlib

@@ -279,6 +279,11 @@ def evaluate(
     b = workload.batch // (replicas * m)
     v = virtual if (schedule == "interleaved" and stage > 1) else 1
     layers = getattr(workload, "layers", 0)
+    if layers and stage * v > layers:
+        raise ValueError(
+            f"stage x virtual = {stage} x {v} exceeds layers={layers}: every pipeline chunk "
+            f"needs at least one layer; fix: stage <= {layers // v}."
+        )
     if v > 1 and layers % (stage * v) and not getattr(workload, "uneven_stages", False):
         raise ValueError(
             f"layers={layers} is not divisible by stage x virtual = {stage} x {v}; fix: a "

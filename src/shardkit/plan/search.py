@@ -57,8 +57,10 @@ def _layouts(w: Transformer | Dense, n: int, max_stage: int | None):
         for p in divisors(n // t):
             if (isinstance(w, Dense) and p > 1) or (max_stage and p > max_stage):
                 continue
-            if isinstance(w, Transformer) and w.layers % p and not w.uneven_stages:
-                continue
+            if isinstance(w, Transformer) and (
+                p > w.layers or (w.layers % p and not w.uneven_stages)
+            ):
+                continue  # every stage holds at least one layer; equal stages unless uneven
             for f in divisors(n // (t * p)):
                 d = n // (t * p * f)
                 if w.batch % (d * f) == 0 and (p == 1 or w.batch // (d * f) >= p):
@@ -165,8 +167,10 @@ def _variants(w, hw, layouts, policies, allowed, sched):
         ms = [m for m in divisors(per_replica) if p == 1 or m >= p]
         if p > 1 and sched[0] == "interleaved":
             ms = [m for m in ms if m % p == 0]
-            if isinstance(w, Transformer) and w.layers % (p * sched[1]) and not w.uneven_stages:
-                continue  # each device holds `virtual` equal chunks of layers
+            if isinstance(w, Transformer) and (
+                p * sched[1] > w.layers or (w.layers % (p * sched[1]) and not w.uneven_stages)
+            ):
+                continue  # each device holds `virtual` chunks of at least one layer
         # ZeRO-3 under a pipeline would gather the weights once per micro-batch: not tried
         zeros = [0] if f == 1 else [z for z in (3, 1) if z in allowed and (z == 1 or p == 1)]
         for z in zeros:
