@@ -15,6 +15,7 @@ and token files).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -116,7 +117,9 @@ def pipeline_loss_and_grads(trainer, params: Any, batch: dict) -> tuple[jax.Arra
     front, stages, last = staged.split(cparams)
     inputs = batch[staged.input_key]  # (m, mb, ...)
     target = {k: v for k, v in batch.items() if k != staged.input_key}
-    first = jax.vmap(staged.first_fn, in_axes=(None, 0))  # per micro-batch
+    front_specs = {k: trainer.param_specs[k] for k in front}
+    data_axes = trainer.strategy.batch_axes(trainer.mesh)
+    first = _front(staged.first_fn, trainer.mesh, front_specs, data_axes)
     xs, first_vjp = jax.vjp(lambda f: first(f, inputs), front)  # (m, mb, T, D)
     run = pipeline_value_and_grad(
         staged.stage_fn,
@@ -124,9 +127,55 @@ def pipeline_loss_and_grads(trainer, params: Any, batch: dict) -> tuple[jax.Arra
         mesh=trainer.mesh,
         schedule=pipe.schedule,
         microbatches=pipe.microbatches,
-        data_axes=trainer.strategy.batch_axes(trainer.mesh),
+        data_axes=data_axes,
         residuals=pipe.residuals,
     )
     loss, (g_stages, g_last, g_xs) = run(stages, last, xs, target)
     (g_front,) = first_vjp(g_xs.astype(xs.dtype))
     return loss.astype(jnp.float32), staged.merge(g_front, g_stages, g_last)
+
+
+def _front(first_fn: Callable, mesh: Any, specs: dict, data_axes: tuple[str, ...]) -> Callable:
+    """``(front, inputs) -> xs``: `first_fn` on every micro-batch, each device on its own rows.
+
+    One `jax.shard_map` manual over every mesh axis: each front parameter is all-gathered
+    whole from its layout (`specs`; a vocab-parallel embedding table from its "tensor" pieces,
+    one all-gather per step), and each device embeds its data shard of the (m, mb, ...)
+    inputs. Left to the compiler, a gather from a table split over "tensor" moves the table
+    to the replicated "stage" axis (a collective-permute) and sums the lookups over "stage"
+    (an all-reduce of all m micro-batches' activations), and the scatter-add of the backward
+    moves the gradient back (another permute). Here the backward is the gather's transpose,
+    a local slice of the table's gradient to each device's piece, then the data-parallel sum
+    every parameter gradient has. `first_fn` must treat examples independently (an embedding
+    does).
+    """
+    from jax.sharding import PartitionSpec as P
+
+    from shardkit.pipeline import spmd
+
+    manual = tuple(mesh.axis_names)
+    dspec = data_axes if len(data_axes) > 1 else (data_axes[0] if data_axes else None)
+    xspec = P(None, dspec)
+    embed = jax.vmap(first_fn, in_axes=(None, 0))  # per micro-batch
+
+    def local(front, inputs):
+        # varying over the data axes before the gather, so that the transpose slices the
+        # gradient to this device's piece first and sums only the piece over data
+        whole = {k: spmd.gather(spmd.vary(a, data_axes), specs[k]) for k, a in front.items()}
+        return embed(whole, inputs)
+
+    def run(front, inputs):
+        front = {
+            k: spmd.place(a, mesh, dict(enumerate(specs[k])), manual) for k, a in front.items()
+        }
+        inputs = jax.tree.map(lambda a: spmd.place(a, mesh, {0: None, 1: dspec}, manual), inputs)
+        f = jax.shard_map(
+            local,
+            mesh=mesh,
+            in_specs=({k: P(*specs[k]) for k in front}, xspec),
+            out_specs=xspec,
+            axis_names=frozenset(manual),
+        )
+        return f(front, inputs)
+
+    return run
