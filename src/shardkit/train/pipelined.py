@@ -21,6 +21,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax.sharding import AbstractMesh
 
 
 def pipeline_of(trainer) -> Any:
@@ -50,7 +51,10 @@ def pipeline_of(trainer) -> Any:
             "already splits the batch into micro-batches; fix: grad_accum=1 and "
             f"Pipeline(microbatches={pipe.microbatches * trainer.grad_accum})."
         )
-    platform = trainer.mesh.devices.flat[0].platform
+    mesh = trainer.mesh  # an AbstractMesh has no devices: it compiles for the default backend
+    platform = (
+        jax.default_backend() if isinstance(mesh, AbstractMesh) else mesh.devices.flat[0].platform
+    )
     if trainer.compute_dtype == "bfloat16" and sizes.get("tensor", 1) > 1 and platform == "cpu":
         # XLA:CPU's bf16 all-reduce promotion aborts the process ("Invalid binary instruction
         # opcode copy") on the tensor all-reduces inside the pipeline's switch branches.
