@@ -139,19 +139,19 @@ def pipeline_loss_and_grads(trainer, params: Any, batch: dict) -> tuple[jax.Arra
     return loss.astype(jnp.float32), staged.merge(g_front, g_stages, g_last)
 
 
-def _front(first_fn: Callable, mesh: Any, specs: dict, data_axes: tuple[str, ...]) -> Callable:
+def _front(first_fn: Callable, mesh: Any, specs: Any, data_axes: tuple[str, ...]) -> Callable:
     """``(front, inputs) -> xs``: `first_fn` on every micro-batch, each device on its own rows.
 
     One `jax.shard_map` manual over every mesh axis: each front parameter is all-gathered
-    whole from its layout (`specs`; a vocab-parallel embedding table from its "tensor" pieces,
-    one all-gather per step), and each device embeds its data shard of the (m, mb, ...)
-    inputs. Left to the compiler, a gather from a table split over "tensor" moves the table
-    to the replicated "stage" axis (a collective-permute) and sums the lookups over "stage"
-    (an all-reduce of all m micro-batches' activations), and the scatter-add of the backward
-    moves the gradient back (another permute). Here the backward is the gather's transpose,
-    a local slice of the table's gradient to each device's piece, then the data-parallel sum
-    every parameter gradient has. `first_fn` must treat examples independently (an embedding
-    does).
+    whole from its layout (`specs`, a tree of `PartitionSpec` like `front`; a vocab-parallel
+    embedding table from its "tensor" pieces, one all-gather per step), and each device embeds
+    its data shard of the (m, mb, ...) inputs. Left to the compiler, a gather from a table
+    split over "tensor" moves the table to the replicated "stage" axis (a collective-permute)
+    and sums the lookups over "stage" (an all-reduce of all m micro-batches' activations), and
+    the scatter-add of the backward moves the gradient back (another permute). Here the
+    backward is the gather's transpose, a local slice of the table's gradient to each device's
+    piece, then the data-parallel sum every parameter gradient has. `first_fn` must treat
+    examples independently (an embedding does).
     """
     from jax.sharding import PartitionSpec as P
 
@@ -162,21 +162,22 @@ def _front(first_fn: Callable, mesh: Any, specs: dict, data_axes: tuple[str, ...
     xspec = P(None, dspec)
     embed = jax.vmap(first_fn, in_axes=(None, 0))  # per micro-batch
 
+    def per_leaf(fn, front):
+        return jax.tree.map(fn, specs, front, is_leaf=lambda x: isinstance(x, P))
+
     def local(front, inputs):
         # varying over the data axes before the gather, so that the transpose slices the
         # gradient to this device's piece first and sums only the piece over data
-        whole = {k: spmd.gather(spmd.vary(a, data_axes), specs[k]) for k, a in front.items()}
+        whole = per_leaf(lambda s, a: spmd.gather(spmd.vary(a, data_axes), s), front)
         return embed(whole, inputs)
 
     def run(front, inputs):
-        front = {
-            k: spmd.place(a, mesh, dict(enumerate(specs[k])), manual) for k, a in front.items()
-        }
+        front = per_leaf(lambda s, a: spmd.place(a, mesh, dict(enumerate(s)), manual), front)
         inputs = jax.tree.map(lambda a: spmd.place(a, mesh, {0: None, 1: dspec}, manual), inputs)
         f = jax.shard_map(
             local,
             mesh=mesh,
-            in_specs=({k: P(*specs[k]) for k in front}, xspec),
+            in_specs=(specs, xspec),
             out_specs=xspec,
             axis_names=frozenset(manual),
         )
