@@ -4,8 +4,9 @@ on 8 devices: data=2 x tensor=2 x stage=2.
 "stage" cuts the GPT's stacked layers into consecutive stages, "tensor" splits every matmul
 inside a stage (Megatron: heads, MLP and vocab), "data" splits each micro-batch. The compiled
 step shows each axis's communication: collective-permutes between stages, all-reduces of the
-tensor partial sums and of the data-parallel gradients. The pipelined loss and gradients equal
-those of the same GPT trained without stages.
+tensor partial sums and of the data-parallel gradients, and one all-gather of the vocab-split
+embedding table (whole on every device for the lookups in front of the stages). The
+pipelined loss and gradients equal those of the same GPT trained without stages.
 
 Run: python examples/pipeline_seed002_3d.py   (8 simulated CPU devices)
 
@@ -13,7 +14,7 @@ Expected output (numbers may differ in the last digits):
     mesh {'stage': 2, 'data': 2, 'tensor': 2}
     blocks/q P('stage', None, 'tensor', None), embedding P('tensor', None)
     block parameters per device: 25% = 1 / (tensor x stage); data replicas hold copies
-    compiled: {'all-reduce': 17, 'collective-permute': 4}
+    compiled: {'all-gather': 1, 'all-reduce': 16, 'collective-permute': 2}
     same as 8-way data parallel without stages: loss 2.7904 vs 2.7904, max |dgrad| 2.4e-08
     fitted one batch in 8 steps: loss 2.79 -> 2.26
     GPT-3 plan: 64 x 8 x 16 = 8192 devices; 1536 / 64 = 24 micro-batches per pipeline;

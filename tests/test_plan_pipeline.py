@@ -133,6 +133,31 @@ def test_verify_compiles_data_x_tensor_x_stage(verification):
     assert any("as often as the step table runs each branch" in n for n in verification.notes)
 
 
+def test_verify_data_x_tensor_x_stage_every_collective_kind_within_5_percent(verification):
+    # the executor all-gathers the embedding table whole from its 'tensor' pieces once per
+    # step (predicted); nothing moves the table over every mesh axis or sums the lookups
+    # over 'stage' (the compiler's own gather from the split table did both: permutes -11%)
+    check = next(c for c in verification.checks if c.candidate.tensor == 2)
+    kinds = set(check.measurement.collectives)
+    assert kinds == {"all-reduce", "collective-permute", "all-gather"}, kinds
+    assert kinds <= set(check.predicted.collectives)
+    for kind in sorted(kinds):
+        assert abs(check.row(kind).error) <= 0.05, check.row(kind)
+    permutes = check.measurement.report.of_kind("collective-permute")
+    assert all(c.axes == ("stage",) for c in permutes), permutes
+
+
+def test_pipelined_step_measures_the_same_on_an_abstract_mesh(verification):
+    # the AbstractMesh path (how GPT-3 175B is verified) compiles the 3-D step to the same
+    # collectives as the 8 simulated devices
+    from shardkit.plan.measure import measure_gpt
+
+    check = next(c for c in verification.checks if c.candidate.tensor == 2)
+    m = measure_gpt(CFG, check.candidate.strategy(), devices=8, batch=BATCH,
+                    precision="float32", abstract=True)  # fmt: skip
+    assert m.abstract and m.collectives == check.measurement.collectives
+
+
 def test_branch_counts_follow_the_table_and_differ_only_on_the_last_stage():
     # the lockstep claim behind counting one device: per lane, every device runs each kind
     # equally often; only the last stage runs them as their last-stage (loss head) twins

@@ -3,7 +3,8 @@
 Inside ``jax.shard_map`` with ``check_vma`` every value is typed as varying or invariant over
 each manual mesh axis; :func:`vary` makes loop carries and switch outputs uniformly varying.
 :func:`place` puts inputs where ``in_specs`` expects them on Explicit meshes, :func:`reduce`
-sums or averages many leaves in one collective, and :func:`regroup` moves stage parameters
+sums or averages many leaves in one collective, :func:`gather` all-gathers a sharded table
+into an invariant whole (its transpose is a local slice), and :func:`regroup` moves stage parameters
 between the block layout of ``P('stage')`` and the chunk layout of interleaved schedules.
 """
 
@@ -40,6 +41,25 @@ def reduce(tree: Any, op: Callable, axes: Sequence[str]) -> Any:
     if not leaves or not axes:
         return tree
     return jax.tree.unflatten(treedef, op(leaves, tuple(axes)))
+
+
+def gather(x: Any, spec: Sequence[Any]) -> Any:
+    """All-gathers ``x`` (inside shard_map) over the mesh axes of ``spec``, dim by dim.
+
+    The result is invariant over those mesh axes, so its transpose is a local slice: the
+    cotangent of a gathered table is cut back to each device's piece with no collective.
+
+    Example:
+        >>> # in_specs P("tensor", None): the [V / t, D] piece -> the whole [V, D] table
+        >>> table = gather(piece, P("tensor", None))
+    """
+    from jax._src.lax.parallel import all_gather_invariant  # not public in JAX 0.10
+
+    for dim, entry in enumerate(spec):
+        names = tuple(n for n in (entry if isinstance(entry, tuple) else (entry,)) if n)
+        if names:
+            x = all_gather_invariant(x, names, axis=dim, tiled=True)
+    return x
 
 
 def index(tree: Any, i: Any) -> Any:

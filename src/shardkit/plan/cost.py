@@ -371,6 +371,8 @@ def evaluate(
         model_flops = w.tokens * w.model_flops_per_token()
         act_bytes_tp = c * w.seq * b * w.d_model
         tp_count = (local_layers * _tp_all_reduces(w, remat) + 2) * m
+        if stage > 1 and w.ends_on_every_stage:  # shardkit's executor gathers the embedding
+            tp_count -= m  # table whole: no all-reduce of the lookups (see the all-gather)
         if stage > 1 and remat == "block":  # the executor's residuals="recompute": a stage
             # before the last runs each micro-batch's forward in its F op and again in its B
             # op (the last stage's F only hands the micro-batch on; its B runs the forward
@@ -453,6 +455,8 @@ def evaluate(
         head = w.norm_params * w.d_model + w.vocab * w.d_model / tensor
         add("all-reduce", act_bytes_tp * m, 1, "stage", stage, tensor * fsdp * data)
         add("all-reduce", head * c, 1, "stage", stage, tensor * fsdp * data)
+        # the embedding table, all-gathered whole from its "tensor" pieces once per step
+        add("all-gather", w.vocab * w.d_model * c, 1, "tensor", tensor, 1)
 
     # -- time -----------------------------------------------------------------------------
     compute = flops / (peak * hw.mfu_ceiling)

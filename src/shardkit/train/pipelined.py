@@ -15,11 +15,13 @@ and token files).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax.sharding import AbstractMesh
 
 
 def pipeline_of(trainer) -> Any:
@@ -49,7 +51,10 @@ def pipeline_of(trainer) -> Any:
             "already splits the batch into micro-batches; fix: grad_accum=1 and "
             f"Pipeline(microbatches={pipe.microbatches * trainer.grad_accum})."
         )
-    platform = trainer.mesh.devices.flat[0].platform
+    mesh = trainer.mesh  # an AbstractMesh has no devices: it compiles for the default backend
+    platform = (
+        jax.default_backend() if isinstance(mesh, AbstractMesh) else mesh.devices.flat[0].platform
+    )
     if trainer.compute_dtype == "bfloat16" and sizes.get("tensor", 1) > 1 and platform == "cpu":
         # XLA:CPU's bf16 all-reduce promotion aborts the process ("Invalid binary instruction
         # opcode copy") on the tensor all-reduces inside the pipeline's switch branches.
@@ -116,7 +121,9 @@ def pipeline_loss_and_grads(trainer, params: Any, batch: dict) -> tuple[jax.Arra
     front, stages, last = staged.split(cparams)
     inputs = batch[staged.input_key]  # (m, mb, ...)
     target = {k: v for k, v in batch.items() if k != staged.input_key}
-    first = jax.vmap(staged.first_fn, in_axes=(None, 0))  # per micro-batch
+    front_specs = {k: trainer.param_specs[k] for k in front}
+    data_axes = trainer.strategy.batch_axes(trainer.mesh)
+    first = _front(staged.first_fn, trainer.mesh, front_specs, data_axes)
     xs, first_vjp = jax.vjp(lambda f: first(f, inputs), front)  # (m, mb, T, D)
     run = pipeline_value_and_grad(
         staged.stage_fn,
@@ -124,9 +131,56 @@ def pipeline_loss_and_grads(trainer, params: Any, batch: dict) -> tuple[jax.Arra
         mesh=trainer.mesh,
         schedule=pipe.schedule,
         microbatches=pipe.microbatches,
-        data_axes=trainer.strategy.batch_axes(trainer.mesh),
+        data_axes=data_axes,
         residuals=pipe.residuals,
     )
     loss, (g_stages, g_last, g_xs) = run(stages, last, xs, target)
     (g_front,) = first_vjp(g_xs.astype(xs.dtype))
     return loss.astype(jnp.float32), staged.merge(g_front, g_stages, g_last)
+
+
+def _front(first_fn: Callable, mesh: Any, specs: Any, data_axes: tuple[str, ...]) -> Callable:
+    """``(front, inputs) -> xs``: `first_fn` on every micro-batch, each device on its own rows.
+
+    One `jax.shard_map` manual over every mesh axis: each front parameter is all-gathered
+    whole from its layout (`specs`, a tree of `PartitionSpec` like `front`; a vocab-parallel
+    embedding table from its "tensor" pieces, one all-gather per step), and each device embeds
+    its data shard of the (m, mb, ...) inputs. Left to the compiler, a gather from a table
+    split over "tensor" moves the table to the replicated "stage" axis (a collective-permute)
+    and sums the lookups over "stage" (an all-reduce of all m micro-batches' activations), and
+    the scatter-add of the backward moves the gradient back (another permute). Here the
+    backward is the gather's transpose, a local slice of the table's gradient to each device's
+    piece, then the data-parallel sum every parameter gradient has. `first_fn` must treat
+    examples independently (an embedding does).
+    """
+    from jax.sharding import PartitionSpec as P
+
+    from shardkit.pipeline import spmd
+
+    manual = tuple(mesh.axis_names)
+    dspec = data_axes if len(data_axes) > 1 else (data_axes[0] if data_axes else None)
+    xspec = P(None, dspec)
+    embed = jax.vmap(first_fn, in_axes=(None, 0))  # per micro-batch
+
+    def per_leaf(fn, front):
+        return jax.tree.map(fn, specs, front, is_leaf=lambda x: isinstance(x, P))
+
+    def local(front, inputs):
+        # varying over the data axes before the gather, so that the transpose slices the
+        # gradient to this device's piece first and sums only the piece over data
+        whole = per_leaf(lambda s, a: spmd.gather(spmd.vary(a, data_axes), s), front)
+        return embed(whole, inputs)
+
+    def run(front, inputs):
+        front = per_leaf(lambda s, a: spmd.place(a, mesh, dict(enumerate(s)), manual), front)
+        inputs = jax.tree.map(lambda a: spmd.place(a, mesh, {0: None, 1: dspec}, manual), inputs)
+        f = jax.shard_map(
+            local,
+            mesh=mesh,
+            in_specs=(specs, xspec),
+            out_specs=xspec,
+            axis_names=frozenset(manual),
+        )
+        return f(front, inputs)
+
+    return run
