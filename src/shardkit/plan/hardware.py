@@ -85,6 +85,13 @@ class Hardware:
             (4: it holds them in f32, measured on shardkit's GPT); GPU and TPU profiles leave
             it None so their predictions keep bf16 activations. `Plan.verify` predicts with
             the compiling backend's value, the ranking with the target's.
+        gathered_layers: scanned blocks whose ZeRO-3-gathered weights are live at once in the
+            backward pass under remat (None: 2, the block being differentiated and the next
+            one, whose all-gather an asynchronous collective prefetches). XLA:CPU runs
+            collectives synchronously and frees each gathered matrix after its last use: 1
+            (the MLP-down kernel, dead once its gradient is taken, leaves room for the full
+            gradient of the MLP-up kernel before its reduce-scatter; measured on shardkit's
+            GPT, docs/plan.md).
         source: where the figures come from.
     """
 
@@ -106,6 +113,7 @@ class Hardware:
     overlap: float = 0.9
     dot_output_bytes: int | None = None
     activation_upcast: int | None = None
+    gathered_layers: int | None = None
     source: str = ""
 
     def __post_init__(self):
@@ -245,7 +253,7 @@ PROFILES: dict[str, Hardware] = {
         peak_flops={"bf16": 166 * _GB, "fp32": 166 * _GB},
         hbm_bytes=24 * 2**30, hbm_bw=20 * _GB, intra_bw=10 * _GB, inter_bw=10 * _GB,
         domain=1 << 20, topology="host", latency_intra=20e-6, eff_intra=1.0, eff_inter=1.0,
-        mfu_ceiling=0.3, dot_output_bytes=4, activation_upcast=4,
+        mfu_ceiling=0.3, dot_output_bytes=4, activation_upcast=4, gathered_layers=1,
         source="lscpu on this machine (2 cores x 2.6 GHz x 32 FLOP/cycle)",
     ),
 }  # fmt: skip
