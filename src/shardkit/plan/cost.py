@@ -344,12 +344,12 @@ def evaluate(
             # input in f32 (read off the compiled buffers live at the peak, docs/plan.md)
             n_mlp = 2 * (3 if w.gated else 2)
             working -= (n_mlp * a - ((n_mlp - 1) * c + a)) * w.seq * b * w.ff / tensor
-        norm_in = w.seq * b * w.d_model / (tensor if sp else 1)  # elements a norm reads
-        if hw.library_reduce_elements and norm_in >= hw.library_reduce_elements:
+        rows = w.seq * b / (tensor if sp else 1)  # tokens a norm normalises
+        if hw.library_reduce_rows and rows >= hw.library_reduce_rows:
             # XLA:CPU runs each norm's backward reduction as a YNNPACK library fusion that
             # takes its operands as buffers: the rsqrt factor and the scale of both norms are
-            # broadcast to b x s x h in f32 and kept (`Hardware.library_reduce_elements`)
-            working += 2 * 2 * 4 * norm_in
+            # broadcast to b x s x h in f32 and kept (`Hardware.library_reduce_rows`)
+            working += 2 * 2 * 4 * rows * w.d_model
         hidden = 2 * a * w.seq * b * w.d_model / (tensor if sp else 1)
         loss_phase = w.logits_bytes * w.seq * b * w.vocab / tensor + hidden
         # the loss (logits and their gradient) and the backward pass through a block happen

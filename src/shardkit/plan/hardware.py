@@ -92,12 +92,12 @@ class Hardware:
             (the MLP-down kernel, dead once its gradient is taken, leaves room for the full
             gradient of the MLP-up kernel before its reduce-scatter; measured on shardkit's
             GPT, docs/plan.md).
-        library_reduce_elements: XLA:CPU only: a norm whose b x s x h input has at least this
-            many elements has its backward reduction run as a YNNPACK library fusion, which
-            takes its operands as buffers, so each norm's broadcast rsqrt factor and scale
-            are materialised as b x s x h f32 tensors (4 per block) instead of being fused
-            into the loop (measured on shardkit's GPT: at 262,144 elements, not at 196,608).
-            None: no such habit (GPU and TPU fuse them).
+        library_reduce_rows: XLA:CPU only: a norm over at least this many rows (b x s
+            tokens per device) has its backward reduction run as a YNNPACK library fusion,
+            which takes its operands as buffers, so each norm's broadcast rsqrt factor and
+            scale are materialised as b x s x h f32 tensors (4 per block) instead of being
+            fused into the loop (measured on shardkit's GPT: at 4,096 and 16,384 rows, not at
+            2,048 or 3,072, whatever h). None: no such habit (GPU and TPU fuse them).
         source: where the figures come from.
     """
 
@@ -120,7 +120,7 @@ class Hardware:
     dot_output_bytes: int | None = None
     activation_upcast: int | None = None
     gathered_layers: int | None = None
-    library_reduce_elements: int | None = None
+    library_reduce_rows: int | None = None
     source: str = ""
 
     def __post_init__(self):
@@ -261,7 +261,7 @@ PROFILES: dict[str, Hardware] = {
         hbm_bytes=24 * 2**30, hbm_bw=20 * _GB, intra_bw=10 * _GB, inter_bw=10 * _GB,
         domain=1 << 20, topology="host", latency_intra=20e-6, eff_intra=1.0, eff_inter=1.0,
         mfu_ceiling=0.3, dot_output_bytes=4, activation_upcast=4, gathered_layers=1,
-        library_reduce_elements=2**18,
+        library_reduce_rows=4096,
         source="lscpu on this machine (2 cores x 2.6 GHz x 32 FLOP/cycle)",
     ),
 }  # fmt: skip

@@ -372,7 +372,7 @@ def verify(
         dot_output_bytes=cpu.dot_output_bytes,
         activation_upcast=cpu.activation_upcast,
         gathered_layers=cpu.gathered_layers,
-        library_reduce_elements=cpu.library_reduce_elements,
+        library_reduce_rows=cpu.library_reduce_rows,
     )
 
     t0 = time.perf_counter()
