@@ -178,7 +178,7 @@ def test_peak_within_15_percent_at_the_mechanisms_extremes(precision, batch, deg
     # all-gathers synchronously and holds one block's weights (+ the MLP-up kernel's full
     # gradient in the MLP-down kernel's place), not two blocks (was +35%). bf16 fsdp=8,
     # batch 64: the MLP hidden of the block-backward working set is bf16 on XLA:CPU but for
-    # the GELU input (was +16%). fp32 tensor=8, batch 256: b x s x h = 2^18 elements, so the
+    # the GELU input (was +16%). fp32 tensor=8, batch 256: b x s = 4,096 rows per norm, so the
     # norms' backward reductions run as YNNPACK fusions and their broadcast factors are
     # materialised (was -20%).
     w = Transformer.from_gpt_config(CFG, batch=batch).replace(precision=precision)
@@ -202,6 +202,18 @@ def test_gathered_weights_one_block_in_f32_on_cpu_two_blocks_on_gpu():
     cpu = evaluate(w, "cpu", fsdp=8, zero=3, remat="block")
     assert gpu.gathered_bytes == pytest.approx((2 * block + tables) * 2 + cast)
     assert cpu.gathered_bytes == pytest.approx((block + tables) * 4 + cast)
+
+
+def test_norm_broadcasts_counted_from_4096_rows_on_cpu_only():
+    # activations are linear in the batch but for XLA:CPU's YNNPACK norm reductions: from
+    # b x s = 4,096 rows per device, 2 norms x 2 broadcast factors of b x s x h in f32
+    def acts(batch, hardware):
+        w = Transformer.from_gpt_config(CFG, batch=batch).replace(precision="fp32")
+        return evaluate(w, hardware, tensor=8, remat="block").activation_bytes
+
+    rows = 256 * CFG.seq_len
+    for hardware, extra in (("cpu", 2 * 2 * 4 * rows * CFG.d_model), ("h100", 0)):
+        assert acts(256, hardware) - acts(192, hardware) * 256 / 192 == pytest.approx(extra)
 
 
 def test_verify_prints_predicted_next_to_compiled_and_says_what_it_normalised(verification):
