@@ -6,8 +6,8 @@ tensor=8, data=2 fsdp=2 tensor=2} x batch {16, 64, 256} x layers {2, 8} under re
 (and "dots" at batch 16 and 64 with --dots), the training step is compiled (memory only, no
 collectives read) and the predicted peak (arguments + temporaries, `Plan.verify`'s figure) is
 printed next to the compiled one with the relative error (predicted - compiled) / compiled.
-The predicted breakdown (activations, working set or loss phase, gathered weights, gradients)
-is shown per point.
+The predicted breakdown in KiB (activations: stash + block-backward working set; the loss
+phase beyond it; gathered weights; gradients) is shown per point.
 
 Compiled figures are cached in a JSON file (--cache) so the model can be re-evaluated
 against them without compiling again (--no-compile uses the cache only).
