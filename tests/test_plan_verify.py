@@ -160,8 +160,60 @@ def test_verify_predicts_memory_with_the_compiling_backends_habits(verification,
     on_cpu = evaluate(w, "cpu", tensor=8, remat="block")
     assert target.remat == "block" and target.activation_bytes > 0
     assert check.predicted.peak_bytes == pytest.approx(on_cpu.peak_bytes)
-    assert check.predicted.activation_bytes == pytest.approx(2 * target.activation_bytes)
+    # block inputs, residual stream and norms in f32 (x 2); the MLP hidden of the backward
+    # working set stays bf16 but for the GELU input: 3 x 2 + 4 bytes where a GPU keeps 4 x 2
+    tok_f = BATCH * CFG.seq_len * CFG.ff / 8
+    upcast = 2 * target.activation_bytes - (16 - 10) * tok_f
+    assert check.predicted.activation_bytes == pytest.approx(upcast)
     assert abs(check.row("peak").error) <= 0.15
+
+
+@pytest.mark.parametrize(
+    "precision, batch, degrees",
+    [("fp32", 16, {"fsdp": 8}), ("shardkit", 64, {"fsdp": 8}), ("fp32", 256, {"tensor": 8})],
+    ids=["fp32-fsdp8-batch16", "bf16-fsdp8-batch64", "fp32-tensor8-batch256"],
+)
+def test_peak_within_15_percent_at_the_mechanisms_extremes(precision, batch, degrees):
+    # fp32 fsdp=8, batch 16: gathered weights are most of the temporaries; XLA:CPU runs the
+    # all-gathers synchronously and holds one block's weights (+ the MLP-up kernel's full
+    # gradient in the MLP-down kernel's place), not two blocks (was +35%). bf16 fsdp=8,
+    # batch 64: the MLP hidden of the block-backward working set is bf16 on XLA:CPU but for
+    # the GELU input (was +16%). fp32 tensor=8, batch 256: b x s = 4,096 rows per norm, so the
+    # norms' backward reductions run as YNNPACK fusions and their broadcast factors are
+    # materialised (was -20%).
+    w = Transformer.from_gpt_config(CFG, batch=batch).replace(precision=precision)
+    p = plan(w, devices=8, hardware="cpu")
+    zero = 3 if "fsdp" in degrees else None
+    check = verify(p, candidates=[p.find(**degrees, zero=zero, remat="block")], quiet=True)
+    check = check.checks[0]
+    assert abs(check.row("arguments").error) <= 0.01
+    assert abs(check.row("peak").error) <= 0.15, check.row("peak")
+
+
+def test_gathered_weights_one_block_in_f32_on_cpu_two_blocks_on_gpu():
+    # closed form: a ZeRO-3 block's weights (matmul kernels + 2 norms) and the untied
+    # embedding and head, gathered whole; GPU/TPU: 2 blocks at 2 bytes (the next prefetched),
+    # XLA:CPU: 1 block at 4 bytes (synchronous all-gathers, in f32)
+    w = Transformer.from_gpt_config(CFG, batch=BATCH)
+    d, f, v = CFG.d_model, CFG.ff, CFG.vocab
+    block, tables = 4 * d * d + 2 * d * f + 2 * d, 2 * v * d
+    cast = PSI / 8 * 2  # the local fp32 shard cast to bf16
+    gpu = evaluate(w, "h100", fsdp=8, zero=3, remat="block")
+    cpu = evaluate(w, "cpu", fsdp=8, zero=3, remat="block")
+    assert gpu.gathered_bytes == pytest.approx((2 * block + tables) * 2 + cast)
+    assert cpu.gathered_bytes == pytest.approx((block + tables) * 4 + cast)
+
+
+def test_norm_broadcasts_counted_from_4096_rows_on_cpu_only():
+    # activations are linear in the batch but for XLA:CPU's YNNPACK norm reductions: from
+    # b x s = 4,096 rows per device, 2 norms x 2 broadcast factors of b x s x h in f32
+    def acts(batch, hardware):
+        w = Transformer.from_gpt_config(CFG, batch=batch).replace(precision="fp32")
+        return evaluate(w, hardware, tensor=8, remat="block").activation_bytes
+
+    rows = 256 * CFG.seq_len
+    for hardware, extra in (("cpu", 2 * 2 * 4 * rows * CFG.d_model), ("h100", 0)):
+        assert acts(256, hardware) - acts(192, hardware) * 256 / 192 == pytest.approx(extra)
 
 
 def test_verify_prints_predicted_next_to_compiled_and_says_what_it_normalised(verification):

@@ -341,6 +341,20 @@ def evaluate(
         )
         partials = a * w.seq * b * w.d_model if tensor > 1 else 0.0
         working = full * (2 if remat == "block" else 1) + partials / (tensor if sp else 1)
+        if remat == "block" and a > c:
+            # the MLP hidden tensors of that working set (2 per MLP matmul output, recomputed
+            # and cotangent: 4 b x s x F, 6 gated) are not upcast like the residual stream:
+            # XLA:CPU keeps the hidden's cotangent, its transpose for the weight-gradient
+            # matmul and the GELU-derivative product in the compute dtype, and only the GELU
+            # input in f32 (read off the compiled buffers live at the peak, docs/plan.md)
+            n_mlp = 2 * (3 if w.gated else 2)
+            working -= (n_mlp * a - ((n_mlp - 1) * c + a)) * w.seq * b * w.ff / tensor
+        rows = w.seq * b / (tensor if sp else 1)  # tokens a norm normalises
+        if hw.library_reduce_rows and rows >= hw.library_reduce_rows:
+            # XLA:CPU runs each norm's backward reduction as a YNNPACK library fusion that
+            # takes its operands as buffers: the rsqrt factor and the scale of both norms are
+            # broadcast to b x s x h in f32 and kept (`Hardware.library_reduce_rows`)
+            working += 2 * 2 * 4 * rows * w.d_model
         hidden = 2 * a * w.seq * b * w.d_model / (tensor if sp else 1)
         loss_phase = w.logits_bytes * w.seq * b * w.vocab / tensor + hidden
         # the loss (logits and their gradient) and the backward pass through a block happen
@@ -351,8 +365,13 @@ def evaluate(
         inputs = w.input_bytes_per_token * w.seq * b * m
         table = w.vocab * w.d_model / tensor
         if fsdp > 1 and zero == 3:
-            layers_alive = local_layers if remat == "none" else 2
-            gathered = (layers_alive * layer_t + table * (2 if not w.tied else 1)) * c
+            # under remat, the block being differentiated and the one prefetched behind it;
+            # a backend with synchronous collectives holds one (`Hardware.gathered_layers`)
+            layers_alive = local_layers if remat == "none" else (hw.gathered_layers or 2)
+            # XLA:CPU all-gathers bf16 weights in f32 (the fp32 -> bf16 cast sinks below the
+            # collective) and keeps the gathered copy in f32: `activation_upcast` bytes
+            g = max(c, hw.activation_upcast or c)
+            gathered = (layers_alive * layer_t + table * (2 if not w.tied else 1)) * g
         else:
             gathered = 0.0
         tokens = w.batch * w.seq / replicas

@@ -99,6 +99,19 @@ class Hardware:
             (4: it holds them in f32, measured on shardkit's GPT); GPU and TPU profiles leave
             it None so their predictions keep bf16 activations. `Plan.verify` predicts with
             the compiling backend's value, the ranking with the target's.
+        gathered_layers: scanned blocks whose ZeRO-3-gathered weights are live at once in the
+            backward pass under remat (None: 2, the block being differentiated and the next
+            one, whose all-gather an asynchronous collective prefetches). XLA:CPU runs
+            collectives synchronously and frees each gathered matrix after its last use: 1
+            (the MLP-down kernel, dead once its gradient is taken, leaves room for the full
+            gradient of the MLP-up kernel before its reduce-scatter; measured on shardkit's
+            GPT, docs/plan.md).
+        library_reduce_rows: XLA:CPU only: a norm over at least this many rows (b x s
+            tokens per device) has its backward reduction run as a YNNPACK library fusion,
+            which takes its operands as buffers, so each norm's broadcast rsqrt factor and
+            scale are materialised as b x s x h f32 tensors (4 per block) instead of being
+            fused into the loop (measured on shardkit's GPT: at 4,096 and 16,384 rows, not at
+            2,048 or 3,072, whatever h). None: no such habit (GPU and TPU fuse them).
         source: where the figures come from.
     """
 
@@ -121,6 +134,8 @@ class Hardware:
     overlap_inter: float | None = None
     dot_output_bytes: int | None = None
     activation_upcast: int | None = None
+    gathered_layers: int | None = None
+    library_reduce_rows: int | None = None
     source: str = ""
 
     def __post_init__(self):
@@ -273,7 +288,8 @@ PROFILES: dict[str, Hardware] = {
         peak_flops={"bf16": 166 * _GB, "fp32": 166 * _GB},
         hbm_bytes=24 * 2**30, hbm_bw=20 * _GB, intra_bw=10 * _GB, inter_bw=10 * _GB,
         domain=1 << 20, topology="host", latency_intra=20e-6, eff_intra=1.0, eff_inter=1.0,
-        mfu_ceiling=0.3, dot_output_bytes=4, activation_upcast=4,
+        mfu_ceiling=0.3, dot_output_bytes=4, activation_upcast=4, gathered_layers=1,
+        library_reduce_rows=4096,
         source="lscpu on this machine (2 cores x 2.6 GHz x 32 FLOP/cycle)",
     ),
 }  # fmt: skip

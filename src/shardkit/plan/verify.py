@@ -369,7 +369,10 @@ def verify(
     # predicted with the compiling backend's habits (XLA:CPU keeps bf16 matmul outputs and
     # activations in f32); the plan's ranking keeps the target hardware's
     backend = plan.hardware.replace(
-        dot_output_bytes=cpu.dot_output_bytes, activation_upcast=cpu.activation_upcast
+        dot_output_bytes=cpu.dot_output_bytes,
+        activation_upcast=cpu.activation_upcast,
+        gathered_layers=cpu.gathered_layers,
+        library_reduce_rows=cpu.library_reduce_rows,
     )
 
     t0 = time.perf_counter()
