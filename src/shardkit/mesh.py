@@ -22,6 +22,8 @@ import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh
 
+from shardkit.compat import backend_started
+
 __all__ = [
     "MeshError",
     "describe_mesh",
@@ -258,15 +260,6 @@ def mesh_table(mesh: Mesh) -> str:
     return "\n".join(lines)
 
 
-def _backend_started() -> bool:
-    try:
-        from jax._src import xla_bridge
-
-        return bool(xla_bridge._backends)  # noqa: SLF001 (no public query exists)
-    except Exception:  # pragma: no cover - defensive: private module moved
-        return False
-
-
 def simulate_cpu_devices(n: int) -> None:
     """Forces ``n`` simulated CPU devices; must run before JAX starts its backend.
 
@@ -286,7 +279,7 @@ def simulate_cpu_devices(n: int) -> None:
     """
     if not isinstance(n, int) or n < 1:
         raise ValueError(f"simulate_cpu_devices: n must be an integer >= 1, got {n!r}.")
-    if _backend_started():
+    if backend_started():
         have = jax.device_count()
         if have == n and jax.default_backend() == "cpu":
             return

@@ -19,6 +19,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from shardkit.compat import backend_started, distributed_client
 from shardkit.distributed.environment import Environment, detect_environment
 
 
@@ -128,9 +129,7 @@ def _check_port_free(address: str) -> None:
 
 def _check_process_counts(num_processes: int, process_id: int, timeout: float) -> None:
     """Every process publishes its process count; each compares all of them with its own."""
-    from jax._src import distributed
-
-    client = distributed.global_state.client
+    client = distributed_client()
     client.key_value_set(f"shardkit/num_processes/{process_id}", str(num_processes))
     seen = {}
     for other in range(num_processes):
@@ -211,9 +210,8 @@ def initialize(
     See also: `shardkit launch`, `jax.distributed.initialize`.
     """
     import jax
-    from jax._src import distributed
 
-    if distributed.global_state.client is not None:  # joined already
+    if jax.distributed.is_initialized():  # joined already
         kind = detect_environment().kind
         return _info("jax" if kind == "single" else kind)
     given = (coordinator_address, num_processes, process_id)
@@ -232,9 +230,7 @@ def initialize(
         return _info("single")
     if env.coordinator_address is not None:
         _check_coordinates(env)
-    from shardkit.mesh import _backend_started
-
-    if _backend_started():
+    if backend_started():
         raise DistributedError(
             "shardkit.distributed.initialize() was called after JAX started its backend; "
             "fix: call it first thing in the script, before any jax.devices() or computation."
@@ -326,9 +322,8 @@ def check_mesh(mesh: Any, *, devices_per_process: int | None = None) -> None:
 def shutdown() -> None:
     """Leaves the multi-process run (waits for the others); a no-op when alone."""
     import jax
-    from jax._src import distributed
 
-    if distributed.global_state.client is not None:
+    if jax.distributed.is_initialized():
         jax.distributed.shutdown()
 
 

@@ -53,12 +53,10 @@ def gather(x: Any, spec: Sequence[Any]) -> Any:
         >>> # in_specs P("tensor", None): the [V / t, D] piece -> the whole [V, D] table
         >>> table = gather(piece, P("tensor", None))
     """
-    from jax._src.lax.parallel import all_gather_invariant  # not public in JAX 0.10
-
     for dim, entry in enumerate(spec):
         names = tuple(n for n in (entry if isinstance(entry, tuple) else (entry,)) if n)
         if names:
-            x = all_gather_invariant(x, names, axis=dim, tiled=True)
+            x = lax.all_gather(x, names, axis=dim, tiled=True, to="invarying")
     return x
 
 

@@ -126,9 +126,10 @@ def run(args: argparse.Namespace) -> int:
 
         initialize()
     elif os.environ.get("JAX_PLATFORMS", "cpu") in ("", "cpu"):
-        from shardkit.mesh import _backend_started, simulate_cpu_devices
+        from shardkit.compat import backend_started
+        from shardkit.mesh import simulate_cpu_devices
 
-        if not _backend_started():
+        if not backend_started():
             simulate_cpu_devices(cfg.devices)
     from shardkit.train.run import train
 

@@ -1,0 +1,67 @@
+"""The only place shardkit touches JAX's private modules, each use with the reason.
+
+shardkit supports JAX 0.10.2 (Python 3.11) to 0.12.x (Python 3.12–3.13). Behaviour is chosen by
+feature detection, never by comparing version strings; where JAX has no public API for what
+shardkit needs, the private use lives here and nowhere else (``tests/test_compat.py`` greps the
+tree for ``jax._src``), so a JAX upgrade that moves it breaks one function, not the package.
+
+Public routes shardkit uses directly, found in every supported version: ``jax.distributed.
+is_initialized()``, ``jax.lax.all_gather(..., to="invarying")``.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+from typing import Any
+
+# JAX is imported inside the functions that need it, so `shardkit --version` (which only reads
+# installed-package metadata) answers without starting JAX.
+
+__all__ = ["backend_started", "distributed_client", "version_line", "versions"]
+
+
+def backend_started() -> bool:
+    """True once JAX has created a backend (after which the CPU device count is fixed).
+
+    No public query exists up to JAX 0.12: ``jax.devices()`` would itself start the backend.
+    ``xla_bridge._backends`` is the cache JAX fills on first use (0.10.2–0.12).
+    """
+    try:
+        from jax._src import xla_bridge  # private: no public "has the backend started?" query
+
+        return bool(xla_bridge._backends)  # noqa: SLF001
+    except (ImportError, AttributeError):  # pragma: no cover - the cache moved in a later JAX
+        return False
+
+
+def distributed_client() -> Any | None:
+    """The coordination service's key-value client of a multi-process run, or None when alone.
+
+    JAX 0.10.2–0.12 expose ``jax.distributed.is_initialized()`` but no public handle on the
+    client, whose ``key_value_set`` / ``blocking_key_value_get`` let processes compare their
+    settings before the first collective (a mismatch there would hang in the collective).
+    """
+    import jax
+
+    if not jax.distributed.is_initialized():
+        return None
+    from jax._src import distributed  # private: the key-value client has no public accessor
+
+    return distributed.global_state.client
+
+
+def versions() -> dict[str, str]:
+    """shardkit's, JAX's and jaxlib's versions, e.g. for a report or ``shardkit --version``."""
+
+    def of(dist: str) -> str:
+        try:
+            return importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            return "unknown"
+
+    return {"shardkit": of("shardkit"), "jax": of("jax"), "jaxlib": of("jaxlib")}
+
+
+def version_line() -> str:
+    """One line naming the three versions: ``shardkit 0.1.0 · jax 0.12.0.1 · jaxlib 0.12.0.1``."""
+    return " · ".join(f"{k} {v}" for k, v in versions().items())
