@@ -149,6 +149,7 @@ _NAME_RE = re.compile(r"%([\w.\-]+)")
 _TRIP_RE = re.compile(r'"known_trip_count"\s*:\s*\{\s*"n"\s*:\s*"?(\d+)')
 _FRAME_ID_RE = re.compile(r"stack_frame_id=(\d+)")
 _OP_NAME_RE = re.compile(r'op_name="((?:[^"\\]|\\.)*)"')
+_SPMD_GENERATED = 'is_spmd_generated="true"'
 _SOURCE_RE = re.compile(r'source_file="((?:[^"\\]|\\.)*)"\s+source_line=(\d+)')
 _CALLEE_RE = re.compile(
     r"\b(calls|to_apply|body|condition|true_computation|false_computation)=%?([\w.\-]+)"
@@ -265,6 +266,17 @@ class HloModule:
             tables = {c: {i.name: i for i in instrs} for c, instrs in self.computations.items()}
             self.__dict__["_symtab"] = tables
         return tables
+
+    def users(self, computation: str) -> dict[str, tuple[str, ...]]:
+        """Instruction name -> names of the instructions of `computation` that use its result."""
+        cache = self.__dict__.setdefault("_users", {})
+        if computation not in cache:
+            out: dict[str, list[str]] = {}
+            for ins in self.computations.get(computation, ()):
+                for op in ins.operands:
+                    out.setdefault(op, []).append(ins.name)
+            cache[computation] = {k: tuple(v) for k, v in out.items()}
+        return cache[computation]
 
     def traceback(self, frame_id: int | None) -> tuple[SourceFrame, ...]:
         """The Python traceback of `frame_id`, innermost frame first."""
@@ -654,12 +666,46 @@ def user_frame(traceback: tuple[SourceFrame, ...]) -> SourceFrame | None:
     return traceback[0] if traceback else None
 
 
-def source_of(module: HloModule, instr: Instruction) -> tuple[SourceFrame, ...]:
-    """The traceback recorded for `instr`, innermost first (old `source_file=` form too)."""
+def _own_source(module: HloModule, instr: Instruction) -> tuple[SourceFrame, ...]:
     tb = module.traceback(instr.stack_frame_id)
     if tb:
         return tb
     m = _SOURCE_RE.search(instr.attrs)
     if m:
         return (SourceFrame(file=m.group(1), line=int(m.group(2)), function="?"),)
+    return ()
+
+
+def source_of(module: HloModule, instr: Instruction) -> tuple[SourceFrame, ...]:
+    """The traceback recorded for `instr`, innermost first (old `source_file=` form too).
+
+    A collective the partitioner inserted (``is_spmd_generated``) may carry no source of its
+    own: under Shardy (JAX 0.12) an all-gather that reshards an argument for a matmul is tagged
+    only with the argument's name. It is then attributed to the nearest instruction that
+    consumes its result and has a source (the op that needed the data moved), else to the
+    nearest producer of its operands that has one (the op whose partial result it reduces);
+    the walk does not pass through another collective.
+    """
+    tb = _own_source(module, instr)
+    if tb or _SPMD_GENERATED not in instr.attrs:
+        return tb
+    table = module._tables().get(instr.computation, {})  # noqa: SLF001 - same module
+    users = module.users(instr.computation)
+    for step in (lambda i: users.get(i.name, ()), lambda i: i.operands):
+        seen, frontier = {instr.name}, [instr]
+        while frontier:
+            nxt = []
+            for ins in frontier:
+                for name in step(ins):
+                    other = table.get(name)
+                    if other is None or name in seen:
+                        continue
+                    seen.add(name)
+                    if other.kind is not None:
+                        continue
+                    tb = _own_source(module, other)
+                    if tb:
+                        return tb
+                    nxt.append(other)
+            frontier = nxt
     return ()
