@@ -17,7 +17,7 @@ from typing import Any
 # JAX is imported inside the functions that need it, so `shardkit --version` (which only reads
 # installed-package metadata) answers without starting JAX.
 
-__all__ = ["backend_started", "distributed_client", "version_line", "versions"]
+__all__ = ["backend_started", "distributed_client", "scan_parts", "version_line", "versions"]
 
 
 def backend_started() -> bool:
@@ -48,6 +48,24 @@ def distributed_client() -> Any | None:
     from jax._src import distributed  # private: the key-value client has no public accessor
 
     return distributed.global_state.client
+
+
+def scan_parts(params: dict) -> tuple[int, int, Any, tuple]:
+    """``(num_consts, num_carry, body jaxpr, body consts)`` of a ``scan`` equation's params.
+
+    The params of a jaxpr equation are JAX's internal format. Up to JAX 0.10 a scan carries
+    ``num_consts`` / ``num_carry`` and a ClosedJaxpr body; JAX 0.12 carries ``ft_in`` (the
+    operand groups consts, carry, xs, one entry per operand; carries that pass through unchanged
+    are moved to the consts) and an open Jaxpr body; ``ft_in.unpack()`` gives the three groups
+    (as JAX's own scan rules read them) and ``len`` of a group its operand count. The body's
+    outputs are the carries then the stacked outputs in both.
+    """
+    body = params["jaxpr"]
+    if "num_consts" in params:
+        nc, nk = params["num_consts"], params["num_carry"]
+    else:
+        nc, nk, _ = (len(group) for group in params["ft_in"].unpack())
+    return nc, nk, getattr(body, "jaxpr", body), tuple(getattr(body, "consts", ()))
 
 
 def versions() -> dict[str, str]:

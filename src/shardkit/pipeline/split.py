@@ -25,6 +25,8 @@ import jax
 import jax.numpy as jnp
 from jax.extend.core import Literal
 
+from shardkit.compat import scan_parts
+
 _CALLS = {"closed_call": "call_jaxpr", "core_call": "call_jaxpr", "remat2": "jaxpr",
           "checkpoint": "jaxpr", "pjit": "jaxpr", "jit": "jaxpr",
           "custom_jvp_call": "call_jaxpr"}  # fmt: skip
@@ -54,13 +56,13 @@ def _flat_eval(jaxpr, consts, args) -> list:
 
 
 def _unrolled_scan(params, ins) -> list:
-    nc, nk, n = params["num_consts"], params["num_carry"], params["length"]
-    body = params["jaxpr"]
+    nc, nk, body, body_consts = scan_parts(params)
+    n = params["length"]
     consts, carry, xs = ins[:nc], list(ins[nc : nc + nk]), ins[nc + nk :]
-    n_ys = len(body.jaxpr.outvars) - nk
+    n_ys = len(body.outvars) - nk
     ys: list = [None] * n
     for i in reversed(range(n)) if params["reverse"] else range(n):
-        outs = _flat_eval(body.jaxpr, body.consts, [*consts, *carry, *(x[i] for x in xs)])
+        outs = _flat_eval(body, body_consts, [*consts, *carry, *(x[i] for x in xs)])
         carry, ys[i] = outs[:nk], outs[nk:]
     stacked = [jnp.stack([ys[i][j] for i in range(n)]) for j in range(n_ys)]
     return [*carry, *stacked]
