@@ -1,6 +1,6 @@
 """LU and solve on a 2-D (P_r x P_c) block-cyclic process grid."""
 
-import re
+import math
 
 import jax
 import jax.numpy as jnp
@@ -10,6 +10,8 @@ from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import shardkit.linalg as sl
+from shardkit.inspection import hlo
+from shardkit.inspection.audit import collectives_of
 from shardkit.inspection.hlo import collective_counts
 
 GRID = ("x", "y")
@@ -64,18 +66,14 @@ def test_grid_solve_needs_pivoting(dtype):
         assert relres(a, x, b) < 20 * eps
 
 
-def _collectives(hlo):
-    """(kind, element count, replica-group size) of each collective."""
+def _collectives(text, mesh):
+    """(kind, element count, replica-group size) of each collective, read by shardkit's HLO
+    reader (every version's replica-group spelling)."""
+    module = hlo.parse_hlo(text)
     out = []
-    for line in hlo.splitlines():
-        m = re.search(r"=\s*(\(.*?\)|\S+)\s+(all-reduce|all-gather|all-to-all|collective-permute)"
-                      r"(-start)?\(", line)  # fmt: skip
-        if not m:
-            continue
-        dims = re.findall(r"\[([\d,]*)\]", m.group(1))
-        size = sum(int(np.prod([int(d) for d in s.split(",") if d])) for s in dims)
-        group = re.search(r"replica_groups=\{\{([\d,]*)\}", line)
-        out.append((m.group(2), size, len(group.group(1).split(",")) if group else None))
+    for c in collectives_of(module, tuple(mesh.axis_names), tuple(mesh.axis_sizes)):
+        size = sum(math.prod(a.dims) for s in c.result_shapes for a in hlo.parse_shape(s))
+        out.append((c.kind, size, c.group_size))
     return out
 
 
@@ -89,9 +87,9 @@ def test_grid_compiled_collectives_move_pieces_not_panels():
         .lower(a, b)
         .compile()
     )
-    hlo = compiled.as_text()
-    assert collective_counts(hlo)["all-gather"] == 0
-    colls = _collectives(hlo)
+    text = compiled.as_text()
+    assert collective_counts(text)["all-gather"] == 0
+    colls = _collectives(text, mesh)
     big = [c for c in colls if c[0] == "all-reduce" and c[1] > n]
     # The factorization's large messages: the L panel along a process row (at most N/P_r x nb
     # over the 4 devices of the row) and swapped rows / U12 down a process column (2 nb x
