@@ -1,38 +1,68 @@
-# The two commands that matter: `make demo` and `make test`. Each creates .venv when missing.
-PYTHON ?= python3
-VENV   := .venv
-BIN    := $(VENV)/bin
-STAMP  := $(VENV)/.installed
+# The two commands that matter: `make demo` and `make test`. Each creates its virtual
+# environments when missing.
+#
+# .venv        the newest Python found (3.13, then 3.12, on PATH or in pyenv's versions folder,
+#              else python3) with the newest releases pyproject.toml allows: `make demo` runs here.
+# .venv-oldest Python 3.11 with the oldest supported releases (tools/oldest-pins.txt).
+# `make test` runs ruff, then the whole suite in each of the two.
+PYTHON        ?= $(shell tools/find-python 3.13 3.12 || command -v python3)
+OLDEST_PYTHON ?= $(shell tools/find-python 3.11)
+VENV          := .venv
+OLD_VENV      := .venv-oldest
+BIN           := $(VENV)/bin
+OLD_BIN       := $(OLD_VENV)/bin
+PYTEST_ARGS   ?= -q -n auto --dist loadfile tests
 
-.PHONY: demo test lint format bench clean install
+.PHONY: demo test test-newest test-oldest lint format bench clean install versions
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
-$(STAMP): $(BIN)/python pyproject.toml
+$(VENV)/.installed: $(BIN)/python pyproject.toml
 	$(BIN)/python -m pip install --quiet -e ".[test]"
-	touch $(STAMP)
+	touch $@
 
-install: $(STAMP)
+$(OLD_BIN)/python:
+	@test -n "$(OLDEST_PYTHON)" || { echo "make: no Python 3.11 found for the oldest-pins \
+	test pass; fix: install Python 3.11 (e.g. pyenv install 3.11) or set OLDEST_PYTHON=/path/to/python3.11"; exit 1; }
+	$(OLDEST_PYTHON) -m venv $(OLD_VENV)
+	$(OLD_BIN)/python -m pip install --quiet --upgrade pip
 
-demo: $(STAMP)
+$(OLD_VENV)/.installed: $(OLD_BIN)/python pyproject.toml tools/oldest-pins.txt
+	$(OLD_BIN)/python -m pip install --quiet -c tools/oldest-pins.txt -e ".[test]"
+	touch $@
+
+install: $(VENV)/.installed
+
+versions: $(VENV)/.installed $(OLD_VENV)/.installed
+	@$(BIN)/shardkit --version
+	@$(OLD_BIN)/shardkit --version
+
+demo: $(VENV)/.installed
 	$(BIN)/shardkit train
 
-test: $(STAMP)
-	$(BIN)/ruff check src tests examples benchmarks
-	$(BIN)/python -m pytest -q -n auto --dist loadfile tests
+test: test-newest test-oldest
 
-lint: $(STAMP)
+test-newest: $(VENV)/.installed
+	$(BIN)/ruff check src tests examples benchmarks
+	@echo "== newest: $$($(BIN)/shardkit --version)"
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+test-oldest: $(OLD_VENV)/.installed
+	@echo "== oldest pins: $$($(OLD_BIN)/shardkit --version)"
+	$(OLD_BIN)/python -m pytest $(PYTEST_ARGS)
+
+lint: $(VENV)/.installed
 	$(BIN)/ruff check src tests examples benchmarks
 	$(BIN)/ruff format --check src tests examples benchmarks
 
-format: $(STAMP)
+format: $(VENV)/.installed
 	$(BIN)/ruff format src tests examples benchmarks
 	$(BIN)/ruff check --fix src tests examples benchmarks
 
-bench: $(STAMP)
+bench: $(VENV)/.installed
 	for f in benchmarks/*.py; do $(BIN)/python $$f || exit 1; done
 
 clean:
-	rm -rf $(VENV) build dist *.egg-info src/*.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(OLD_VENV) build dist *.egg-info src/*.egg-info .pytest_cache .ruff_cache

@@ -15,6 +15,8 @@ import re
 import sys
 from collections.abc import Sequence
 
+from shardkit.compat import version_line
+
 __all__ = ["main", "parse_mesh_arg", "parse_shape_arg", "parse_spec_arg"]
 
 # subcommand -> module providing add_arguments(parser) and run(args)
@@ -99,7 +101,7 @@ def _cmd_devices(args: argparse.Namespace) -> int:
 
     devs = jax.devices()
     print(
-        f"jax {jax.__version__}, backend {jax.default_backend()}, {len(devs)} device(s), "
+        f"{version_line()}, backend {jax.default_backend()}, {len(devs)} device(s), "
         f"{jax.process_count()} process(es)"
     )
     print(f"{'id':>4}  {'kind':<24} {'process':>7}  memory")
@@ -173,6 +175,12 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         prog="shardkit",
         description="Sharded and parallel computation on JAX: meshes, layouts, collective "
         "audits, parallel training.",
+    )
+    parser.add_argument(
+        "--version",
+        action="version",
+        version=version_line(),
+        help="shardkit, jax and jaxlib versions",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 

@@ -81,5 +81,5 @@ def versions() -> dict[str, str]:
 
 
 def version_line() -> str:
-    """One line naming the three versions: ``shardkit 0.1.0 · jax 0.12.0.1 · jaxlib 0.12.0.1``."""
-    return " · ".join(f"{k} {v}" for k, v in versions().items())
+    """One line naming the three versions: ``shardkit 0.1.0, jax 0.12.0.1, jaxlib 0.12.0.1``."""
+    return ", ".join(f"{k} {v}" for k, v in versions().items())

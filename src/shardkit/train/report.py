@@ -8,6 +8,7 @@ import pathlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from shardkit.compat import version_line
 from shardkit.train.metrics import History
 
 
@@ -111,6 +112,7 @@ def write_report(
     parts = [
         "<!doctype html><html><head><meta charset='utf-8'><title>shardkit train report</title>",
         f"<style>{_STYLE}</style></head><body><h1>shardkit train</h1>",
+        f"<p>{html.escape(version_line())}</p>",
         "<h2>Summary</h2>",
         _table([{"metric": k, "value": v} for k, v in summary.items()]),
         "<h2>Plan</h2>",
