@@ -70,3 +70,14 @@ def test_all_to_all_over_both_mesh_axes(version):
     assert (c.kind, c.axes, c.group_size, c.num_groups) == ("all-to-all", ("x", "y"), 8, 1)
     assert c.buffer_bytes == 8 * 64 * F32 and c.count == 1
     assert c.source is not None and c.source.line == marked_line("all_to_all")
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_jnp_fftn_gathers_over_both_mesh_axes_and_both_point_at_the_call(version):
+    _, colls = load("fftn", version)
+    assert [(c.kind, c.axes, c.group_size) for c in colls] == [
+        ("all-gather", ("y",), 2),
+        ("all-gather", ("x",), 4),
+    ]
+    assert [c.result_shapes for c in colls] == [("c64[8,32,32]",), ("c64[32,32,32]",)]
+    assert all(c.source is not None and c.source.line == marked_line("fftn") for c in colls)

@@ -683,15 +683,16 @@ def source_of(module: HloModule, instr: Instruction) -> tuple[SourceFrame, ...]:
     own: under Shardy (JAX 0.12) an all-gather that reshards an argument for a matmul is tagged
     only with the argument's name. It is then attributed to the nearest instruction that
     consumes its result and has a source (the op that needed the data moved), else to the
-    nearest producer of its operands that has one (the op whose partial result it reduces);
-    the walk does not pass through another collective.
+    nearest producer of its operands that has one (the op whose partial result it reduces).
     """
     tb = _own_source(module, instr)
     if tb or _SPMD_GENERATED not in instr.attrs:
         return tb
     table = module._tables().get(instr.computation, {})  # noqa: SLF001 - same module
     users = module.users(instr.computation)
-    for step in (lambda i: users.get(i.name, ()), lambda i: i.operands):
+    # consumers: through further inserted collectives (a gather over y, then over x, then the
+    # FFT that needed both); producers: never through another collective
+    for step, through in ((lambda i: users.get(i.name, ()), True), (lambda i: i.operands, False)):
         seen, frontier = {instr.name}, [instr]
         while frontier:
             nxt = []
@@ -701,7 +702,7 @@ def source_of(module: HloModule, instr: Instruction) -> tuple[SourceFrame, ...]:
                     if other is None or name in seen:
                         continue
                     seen.add(name)
-                    if other.kind is not None:
+                    if other.kind is not None and not through:
                         continue
                     tb = _own_source(module, other)
                     if tb:

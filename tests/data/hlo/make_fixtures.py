@@ -7,7 +7,8 @@ the text each version prints, with no compile in the test itself:
 
 Programs: the scaling book's matmul case 2 on a 4 x 2 mesh (an all-gather the partitioner
 inserts over 'y'), a shard_map psum over 'x' inside a 5-step fori_loop, and an all-to-all over
-both mesh axes.
+both mesh axes, and ``jnp.fft.fftn`` on an array split over both mesh axes (gathered over 'y'
+then 'x' in 0.10.2 and 0.12).
 """
 
 import os
@@ -56,6 +57,14 @@ def programs():
         return f(x)
 
     yield "all_to_all", a2a, (sds((64, 64), P(("x", "y"))),)
+
+    def fftn(x):
+        return jnp.fft.fftn(x)  # LINE fftn
+
+    cplx = jax.ShapeDtypeStruct(
+        (32, 32, 32), jnp.complex64, sharding=NamedSharding(mesh, P("x", "y"))
+    )
+    yield "fftn", fftn, (cplx,)
 
 
 if __name__ == "__main__":
