@@ -42,7 +42,9 @@ def test_versions_name_shardkit_jax_and_jaxlib():
     assert v["jax"] == jax.__version__
     assert v["jaxlib"] == jaxlib.version.__version__
     assert set(v) == {"shardkit", "jax", "jaxlib"}
-    assert compat.version_line() == f"shardkit {v['shardkit']}, jax {v['jax']}, jaxlib {v['jaxlib']}"
+    assert (
+        compat.version_line() == f"shardkit {v['shardkit']}, jax {v['jax']}, jaxlib {v['jaxlib']}"
+    )
 
 
 def test_cli_version_prints_the_three_versions():
