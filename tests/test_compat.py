@@ -82,3 +82,11 @@ def test_scan_parts_counts_consts_and_carries(reverse):
     assert (nc, nk) == (1, 2)
     assert nc + nk + 2 == len(eqn.invars) == len(body.invars)
     assert len(body.outvars) == nk + 2 and consts == ()
+
+
+def test_expected_lines_keep_only_this_versions_tagged_lines():
+    from expected import for_this_jax
+
+    lines = ["same", "old figure [jax 0.10]", "new figure [jax 0.12]"]
+    assert for_this_jax(lines, "0.12.0.1") == ["same", "new figure"]
+    assert for_this_jax(lines, "0.10.2") == ["same", "old figure"]

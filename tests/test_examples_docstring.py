@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+from expected import for_this_jax
 
 EXAMPLES = pathlib.Path(__file__).resolve().parent.parent / "examples"
 
@@ -14,7 +15,7 @@ EXAMPLES = pathlib.Path(__file__).resolve().parent.parent / "examples"
 def _expected(path):
     doc = ast.get_docstring(ast.parse(path.read_text()))
     block = doc.split("Expected output:\n", 1)[1]
-    return [line.strip() for line in block.strip().splitlines()]
+    return for_this_jax([line.strip() for line in block.strip().splitlines()])
 
 
 @pytest.mark.parametrize(
