@@ -326,7 +326,7 @@ def train(cfg: TrainConfig, *, console: Any = None, quiet: bool = False) -> RunR
     trainer, data, model_cfg = build_trainer(cfg, devices, planned=planned)
     mesh = trainer.mesh
     why = trainer.strategy_reason or f"chosen with --strategy {cfg.strategy}"
-    say(f"[bold]shardkit[/] {escape(version_line())}")
+    say(f"[bold]versions[/] {escape(version_line())}")
     say(f"[bold]devices[/]  {len(devices)} x {devices[0].device_kind} ({jax.default_backend()})")
     if planned is not None and not quiet:
         where = f"{len(devices)} x {planned.hardware.name}"
