@@ -350,6 +350,10 @@ def evaluate(
             n_mlp = 2 * (3 if w.gated else 2)
             working -= (n_mlp * a - ((n_mlp - 1) * c + a)) * w.seq * b * w.ff / tensor
         rows = w.seq * b / (tensor if sp else 1)  # tokens a norm normalises
+        if hw.norm_input_bytes and hw.norm_input_bytes > a:
+            # XLA:CPU with bf16 dots keeps both norms' inputs in f32, as the model upcasts
+            # them, where the rest of the working set is bf16 (`Hardware.norm_input_bytes`)
+            working += 2 * (hw.norm_input_bytes - a) * rows * w.d_model
         if hw.library_reduce_rows and rows >= hw.library_reduce_rows:
             # XLA:CPU runs each norm's backward reduction as a YNNPACK library fusion that
             # takes its operands as buffers: the rsqrt factor and the scale of both norms are
@@ -368,9 +372,11 @@ def evaluate(
             # under remat, the block being differentiated and the one prefetched behind it;
             # a backend with synchronous collectives holds one (`Hardware.gathered_layers`)
             layers_alive = local_layers if remat == "none" else (hw.gathered_layers or 2)
-            # XLA:CPU all-gathers bf16 weights in f32 (the fp32 -> bf16 cast sinks below the
-            # collective) and keeps the gathered copy in f32: `activation_upcast` bytes
-            g = max(c, hw.activation_upcast or c)
+            # XLA:CPU with f32 dots all-gathers bf16 weights in f32 (the fp32 -> bf16 cast
+            # sinks below the collective) and keeps the gathered copy in f32:
+            # `activation_upcast` bytes; with bf16 dots it gathers bf16 but the block's f32
+            # weight gradients take their place: `gathered_bytes` (`Hardware`, `cpu_habits`)
+            g = max(c, hw.gathered_bytes or hw.activation_upcast or c)
             gathered = (layers_alive * layer_t + table * (2 if not w.tied else 1)) * g
         else:
             gathered = 0.0
@@ -425,6 +431,10 @@ def evaluate(
     # fp32 weights (no master copy): each micro-batch's gradients exist next to the
     # accumulator; with a master copy they accumulate in place into the main gradient buffer
     grads = state.grads * (2 if m > 1 and prec.master == 0 else 1)
+    if m > 1 and prec.master == 0 and hw.accumulated_grad_bytes:
+        # both copies held as the weight-gradient dots produce them (XLA:CPU with bf16
+        # dots: bf16 under bf16 compute, `Hardware.accumulated_grad_bytes`)
+        grads *= max(c, hw.accumulated_grad_bytes) / prec.grads
     if prec.params != c:  # fp32 weights cast to the compute dtype
         gathered += n_stage / (fsdp if zero == 3 else 1) * c
 

@@ -56,6 +56,8 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import functools
+import re
 from typing import Literal
 
 Topology = Literal["switch", "mesh", "torus2d", "torus3d", "host"]
@@ -92,11 +94,13 @@ class Hardware:
             `overlap`. GPU profiles fit it to a published scaling measurement (module
             docstring).
         dot_output_bytes: bytes of a bf16 matmul's output as the compiler keeps it (None: the
-            compute dtype; XLA:CPU runs bf16 matmuls in f32 and keeps f32 outputs: 4).
+            compute dtype; XLA:CPU of jaxlib 0.10 runs bf16 matmuls in f32 and keeps f32
+            outputs: 4; that of 0.12 runs them in bf16: None; see `cpu_habits`).
         activation_upcast: bytes per element at which the compiler keeps bf16 activations
             (block inputs stashed for the backward pass, the residual stream, norms and the
-            recomputed block's working set); None: the compute dtype. Only XLA:CPU sets it
-            (4: it holds them in f32, measured on shardkit's GPT); GPU and TPU profiles leave
+            recomputed block's working set); None: the compute dtype. Only XLA:CPU with f32
+            matmuls (jaxlib 0.10) sets it (4: it holds them in f32, measured on shardkit's
+            GPT; with bf16 matmuls see `norm_input_bytes`); GPU and TPU profiles leave
             it None so their predictions keep bf16 activations. `Plan.verify` predicts with
             the compiling backend's value, the ranking with the target's.
         gathered_layers: scanned blocks whose ZeRO-3-gathered weights are live at once in the
@@ -112,6 +116,22 @@ class Hardware:
             scale are materialised as b x s x h f32 tensors (4 per block) instead of being
             fused into the loop (measured on shardkit's GPT: at 4,096 and 16,384 rows, not at
             2,048 or 3,072, whatever h). None: no such habit (GPU and TPU fuse them).
+        gathered_bytes: bytes per element of the ZeRO-3-gathered block's share of the peak
+            (None: `activation_upcast`, else the compute dtype). XLA:CPU with bf16 dots
+            gathers bf16 weights but materialises the block's full-size weight gradients in
+            f32 (the fp32 parameters' gradient, converted from the bf16 dot output before its
+            reduce-scatter), which take the gathered weights' place: 4 (measured on
+            shardkit's GPT, `cpu_habits`).
+        norm_input_bytes: bytes per element of each norm's input in the backward working
+            set of a block (None: as the other activations). XLA:CPU with bf16 dots keeps
+            the two norms' inputs as the model computes them, in f32 (shardkit's `_norm`
+            upcasts; the residual add is fused into the upcast), while every matmul operand
+            and result stays bf16: 4 (`cpu_habits`).
+        accumulated_grad_bytes: bytes per element of each of the two gradient copies
+            (the micro-batch's gradient and the accumulator) that fp32 weights hold with more
+            than one micro-batch (None: the weights' bytes). XLA:CPU with bf16 dots keeps
+            both in bf16, as the weight-gradient dots produce them: 2 (measured on
+            shardkit's pipeline executor, data=2 x stage=4, `cpu_habits`).
         source: where the figures come from.
     """
 
@@ -136,6 +156,9 @@ class Hardware:
     activation_upcast: int | None = None
     gathered_layers: int | None = None
     library_reduce_rows: int | None = None
+    gathered_bytes: int | None = None
+    norm_input_bytes: int | None = None
+    accumulated_grad_bytes: int | None = None
     source: str = ""
 
     def __post_init__(self):
@@ -288,11 +311,66 @@ PROFILES: dict[str, Hardware] = {
         peak_flops={"bf16": 166 * _GB, "fp32": 166 * _GB},
         hbm_bytes=24 * 2**30, hbm_bw=20 * _GB, intra_bw=10 * _GB, inter_bw=10 * _GB,
         domain=1 << 20, topology="host", latency_intra=20e-6, eff_intra=1.0, eff_inter=1.0,
-        mfu_ceiling=0.3, dot_output_bytes=4, activation_upcast=4, gathered_layers=1,
-        library_reduce_rows=4096,
+        mfu_ceiling=0.3,  # XLA:CPU's memory habits: `cpu_habits()`, set by `get_hardware`
         source="lscpu on this machine (2 cores x 2.6 GHz x 32 FLOP/cycle)",
     ),
 }  # fmt: skip
+
+# XLA:CPU's memory habits, keyed on how the running XLA compiles a bf16 matmul
+# (`bf16_dot_dtype`), measured on shardkit's GPT (8 simulated devices, docs/plan.md) from the
+# buffers live at the heap peak (`--xla_dump_to`: *-live-range.txt "Live ranges at N (peak)")
+_CPU_HABITS: dict[str, dict[str, int | None]] = {
+    # jax/jaxlib 0.10.2: bf16 dots run in f32 (their operands converted to f32, an f32
+    # result): the f32 copies are what the step keeps, so the stashed block inputs
+    # (f32[2,16,16,64] at tensor=8), the ZeRO-3-gathered weights, the MLP-up output
+    # (the GELU input) and every matmul output are f32
+    "f32": dict(dot_output_bytes=4, activation_upcast=4, gathered_layers=1,
+                library_reduce_rows=4096, gathered_bytes=None, norm_input_bytes=None,
+                accumulated_grad_bytes=None),
+    # jax/jaxlib 0.12.0.1: bf16 dots run natively as bf16 YNNPACK fusions (bf16 operands and
+    # result): the stash is bf16[2,16,16,64], gathered weights bf16[64,64], the MLP hidden
+    # bf16 throughout; what the model itself computes in f32 stays f32: both norms' inputs
+    # (f32[16,16,64] x 2), the softmax, and the fp32 weights' full-size gradients (the bf16
+    # gradient dot, then an f32 copy for the reduce-scatter: bf16 + f32[256,64]); with
+    # micro-batches, the weight gradients and their accumulator are bf16 (bf16[64,256] x 2
+    # where 0.10 held f32[64,256] x 2, pipeline data=2 x stage=4)
+    "bf16": dict(dot_output_bytes=None, activation_upcast=None, gathered_layers=1,
+                 library_reduce_rows=4096, gathered_bytes=4, norm_input_bytes=4,
+                 accumulated_grad_bytes=2),
+}  # fmt: skip
+
+
+@functools.cache
+def bf16_dot_dtype() -> str:
+    """The dtype in which the running XLA:CPU computes a bf16 x bf16 matmul: "f32" or "bf16".
+
+    Compiles one small bf16 matmul for the CPU backend and reads the compiled `dot`'s result
+    type (jaxlib 0.10.2: f32, converted back after; 0.12: bf16). Without JAX, or when the
+    compiled text has no dot, "f32" (the habits measured first).
+    """
+    try:
+        import jax
+        import jax.numpy as jnp
+
+        x = jax.ShapeDtypeStruct((256, 64), jnp.bfloat16)
+        y = jax.ShapeDtypeStruct((64, 256), jnp.bfloat16)
+        lowered = jax.jit(lambda a, b: a @ b).trace(x, y).lower(lowering_platforms=("cpu",))
+        text = lowered.compile(device_assignment=(jax.devices("cpu")[0],)).as_text()
+    except Exception:  # no JAX or no CPU backend: the habits measured first
+        return "f32"
+    found = re.search(r"= (\w+)\[[\d,]*\]\S* dot\(", text)
+    return "bf16" if found and found.group(1) == "bf16" else "f32"
+
+
+def cpu_habits() -> dict[str, int | None]:
+    """XLA:CPU's memory habits for the running jaxlib (`Hardware` fields; see `_CPU_HABITS`).
+
+    Chosen once, by `bf16_dot_dtype()`: whether XLA:CPU runs bf16 matmuls in f32 (and so
+    keeps the activations, gathered weights and matmul outputs around them in f32) or
+    natively in bf16.
+    """
+    return dict(_CPU_HABITS[bf16_dot_dtype()])
+
 
 _ALIASES = {"a100-80gb": "a100", "h100-sxm": "h100", "v4": "tpu-v4", "v5e": "tpu-v5e",
             "v5p": "tpu-v5p", "v6e": "tpu-v6e", "trillium": "tpu-v6e", "host": "cpu"}  # fmt: skip
@@ -325,4 +403,11 @@ def get_hardware(name: str | Hardware) -> Hardware:
             f"unknown hardware {name!r}; known: {', '.join(known_hardware())}; fix: pass one "
             "of those, or a shardkit.plan.Hardware(...) with your chip's figures."
         )
+    if key == "cpu":  # the running XLA:CPU's habits (`cpu_habits`)
+        return _cpu_profile()
     return PROFILES[key]
+
+
+@functools.cache
+def _cpu_profile() -> Hardware:
+    return PROFILES["cpu"].replace(**cpu_habits())

@@ -360,20 +360,16 @@ def verify(
         >>> plan("gpt3-175b", devices=1024, hardware="h100").verify(top=1)
     """
     from shardkit.plan.cost import evaluate
-    from shardkit.plan.hardware import get_hardware
+    from shardkit.plan.hardware import cpu_habits, get_hardware
     from shardkit.plan.measure import measure_gpt
     from shardkit.plan.memory import get_precision
 
-    cpu = get_hardware("cpu")
+    cpu = get_hardware("cpu")  # the running XLA:CPU's habits (`hardware.cpu_habits`)
     cpu_dot_bytes = cpu.dot_output_bytes
-    # predicted with the compiling backend's habits (XLA:CPU keeps bf16 matmul outputs and
-    # activations in f32); the plan's ranking keeps the target hardware's
-    backend = plan.hardware.replace(
-        dot_output_bytes=cpu.dot_output_bytes,
-        activation_upcast=cpu.activation_upcast,
-        gathered_layers=cpu.gathered_layers,
-        library_reduce_rows=cpu.library_reduce_rows,
-    )
+    # predicted with the compiling backend's habits (XLA:CPU with f32 dots keeps bf16 matmul
+    # outputs and activations in f32; with bf16 dots only the norms' inputs and the weight
+    # gradients); the plan's ranking keeps the target hardware's
+    backend = plan.hardware.replace(**cpu_habits())
 
     t0 = time.perf_counter()
     pool = list(candidates) if candidates is not None else list(plan.candidates)
@@ -433,17 +429,27 @@ def verify(
             "at every step, steps x (2 x (F + B) + head); the prediction is converted to that "
             "count (the last stage executes m x (F + B + head))"
         )
-    if any(c.predicted.remat == "dots" for c in checks):
+    if any(c.predicted.remat == "dots" for c in checks) and cpu_dot_bytes:
         notes.append(
             "memory predicted for the backend compiled: XLA:CPU keeps bf16 matmul outputs in "
             f"f32 ({cpu_dot_bytes} bytes per element) where GPUs and TPUs keep 2"
         )
     if get_precision(plan.workload.precision).compute < 4:
-        notes.append(
-            "memory predicted for the backend compiled: XLA:CPU keeps bf16 block inputs, the "
-            f"residual stream and the backward working set in f32 ({cpu.activation_upcast} "
-            "bytes per element; Hardware.activation_upcast), where GPUs and TPUs keep 2"
-        )
+        if cpu.activation_upcast:
+            notes.append(
+                "memory predicted for the backend compiled: XLA:CPU runs bf16 matmuls in f32 "
+                "and keeps bf16 block inputs, the residual stream and the backward working "
+                f"set in f32 ({cpu.activation_upcast} bytes per element; "
+                "Hardware.activation_upcast), where GPUs and TPUs keep 2"
+            )
+        else:
+            notes.append(
+                "memory predicted for the backend compiled: XLA:CPU runs bf16 matmuls in "
+                "bf16 and keeps activations in bf16 (Hardware.activation_upcast unset) but "
+                f"both norms' inputs in f32 ({cpu.norm_input_bytes} bytes per element; "
+                "Hardware.norm_input_bytes) and a gathered block's weight gradients in f32 "
+                f"({cpu.gathered_bytes}; Hardware.gathered_bytes)"
+            )
     notes.append(
         "collective bytes: per device per step, ring formulas; XLA:CPU's f32 upcast of bf16 "
         "collectives and its all-reduce-then-slice for ZeRO gradients are normalised to what "
