@@ -110,7 +110,7 @@ def _cmd_devices(args: argparse.Namespace) -> int:
         try:
             stats = d.memory_stats()
             if stats and "bytes_limit" in stats:
-                from shardkit.layout import format_bytes
+                from shardkit.common import format_bytes
 
                 mem = format_bytes(stats["bytes_limit"])
         except Exception:  # memory_stats is unsupported on some backends (e.g. CPU)

@@ -25,6 +25,10 @@ from typing import Any, TextIO
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
+from shardkit.common import format_bytes
+from shardkit.leaves import leaf_path_items
+from shardkit.linter import lint
+
 __all__ = [
     "Layout",
     "diff_specs",
@@ -41,15 +45,6 @@ _PALETTE = [
     "#8dd3c7", "#ffffb3", "#bebada", "#fb8072", "#80b1d3", "#fdb462", "#b3de69", "#fccde5",
     "#d9d9d9", "#bc80bd", "#ccebc5", "#ffed6f",
 ]  # fmt: skip
-
-
-def format_bytes(n: float) -> str:
-    """``1536 -> '1.5 KiB'``."""
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    raise AssertionError  # pragma: no cover
 
 
 def spec_notation(
@@ -429,9 +424,6 @@ def tree_table(tree: Any, specs: Any = None, mesh: Any = None) -> list[dict[str,
       specs: a tree of PartitionSpec or a :class:`~shardkit.Rules` (default: the arrays' own).
       mesh: needed with ``specs`` to compute bytes per device.
     """
-    from shardkit.linter import lint
-    from shardkit.rules import leaf_path_items
-
     if specs is None:
         leaves = leaf_path_items(tree)
         own = []
@@ -477,7 +469,6 @@ def diff_specs(a: Any, b: Any) -> list[tuple[str, PartitionSpec | None, Partitio
     Returns ``[(path, spec in a, spec in b)]``; a leaf missing on one side shows ``None``.
     Specs are compared after dropping trailing ``None`` entries (``P('x')`` == ``P('x', None)``).
     """
-    from shardkit.rules import leaf_path_items
 
     def specs_of(tree):
         out = {}

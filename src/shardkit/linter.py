@@ -21,7 +21,9 @@ import jax
 import numpy as np
 from jax.sharding import PartitionSpec
 
-from shardkit.rules import Rules, ShardingRuleError, leaf_path_items, leaf_shape_dtype
+from shardkit.common import format_bytes
+from shardkit.errors import ShardingRuleError
+from shardkit.leaves import leaf_path_items, leaf_shape_dtype
 
 __all__ = [
     "DuplicateMeshAxisError",
@@ -282,8 +284,6 @@ class LintReport:
         raise _ERRORS[first.code](first.message + tail)
 
     def summary(self) -> str:
-        from shardkit.layout import format_bytes
-
         n_err = len(self.errors)
         n_warn = len(self.findings) - n_err
         parts = [
@@ -313,8 +313,6 @@ class LintReport:
         }
 
     def __str__(self) -> str:
-        from shardkit.layout import format_bytes
-
         lines = [self.summary()]
         for f in self.findings:
             lines.append(f"  {f}")
@@ -328,8 +326,6 @@ class LintReport:
     def __rich__(self):
         from rich.console import Group
         from rich.table import Table
-
-        from shardkit.layout import format_bytes
 
         table = Table(title=self.summary(), title_justify="left")
         for col in ("severity", "code", "leaf", "message"):
@@ -345,7 +341,7 @@ class LintReport:
         return Group(table, reps)
 
 
-def lint(tree: Any, rules_or_specs: Rules | Any, mesh: Any = None, *, top: int = 5) -> LintReport:
+def lint(tree: Any, rules_or_specs: Any, mesh: Any = None, *, top: int = 5) -> LintReport:
     """Checks a layout before compiling: every problem, with its leaf path.
 
     Args:
@@ -369,7 +365,7 @@ def lint(tree: Any, rules_or_specs: Rules | Any, mesh: Any = None, *, top: int =
     """
     sizes = _mesh_sizes(mesh)
     items = leaf_path_items(tree)
-    if isinstance(rules_or_specs, Rules):
+    if callable(getattr(rules_or_specs, "match", None)):  # a shardkit.Rules
         matches = [(rules_or_specs.match(p, leaf), p, leaf) for p, leaf in items]
         assigned = [(m.spec, m.source) for m, _, _ in matches]
     elif isinstance(rules_or_specs, PartitionSpec):

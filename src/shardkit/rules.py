@@ -22,77 +22,28 @@ Example::
 from __future__ import annotations
 
 import re
-import sys
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import jax
-import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
-__all__ = ["Rules", "ShardingRuleError", "leaf_path_items", "path_str", "shard"]
+from shardkit.common import path_str
+from shardkit.errors import ShardingRuleError
+from shardkit.leaves import is_variable, leaf_path_items, leaf_shape_dtype, logical_names
+from shardkit.linter import lint
+
+__all__ = [
+    "Rules",
+    "ShardingRuleError",
+    "leaf_path_items",
+    "leaf_shape_dtype",
+    "path_str",
+    "shard",
+]
 
 LogicalTarget = str | tuple[str, ...] | None
-
-
-class ShardingRuleError(ValueError):
-    """Partition rules are malformed, or do not fit a tree/mesh (base of all rule errors)."""
-
-
-def _key_str(k: Any) -> str:
-    for attr in ("key", "name", "idx"):
-        if hasattr(k, attr):
-            return str(getattr(k, attr))
-    return str(k)
-
-
-def path_str(keypath: Sequence[Any]) -> str:
-    """Turns a JAX key path into the ``"a/b/0/kernel"`` string that rules match against.
-
-    Example:
-      >>> path_str((jax.tree_util.DictKey("layers"), jax.tree_util.SequenceKey(0)))
-      'layers/0'
-    """
-    return "/".join(_key_str(k) for k in keypath)
-
-
-def _is_variable(x: Any) -> bool:
-    nnx = sys.modules.get("flax.nnx")
-    return nnx is not None and isinstance(x, nnx.Variable)
-
-
-def _leaf_value(x: Any) -> Any:
-    if _is_variable(x):
-        return x.get_value() if hasattr(x, "get_value") else x.value
-    return x
-
-
-def leaf_shape_dtype(x: Any) -> tuple[tuple[int, ...], np.dtype]:
-    """Shape and dtype of an array-like leaf (array, ShapeDtypeStruct, NNX Variable, scalar)."""
-    v = _leaf_value(x)
-    if hasattr(v, "shape") and hasattr(v, "dtype"):
-        return tuple(int(d) for d in v.shape), np.dtype(v.dtype)
-    a = np.asarray(v)
-    return a.shape, a.dtype
-
-
-def _logical_names(x: Any) -> tuple[str | None, ...] | None:
-    """Logical axis names an NNX Variable carries (``nnx.with_partitioning`` / ``sharding=``)."""
-    if not _is_variable(x):
-        return None
-    meta = x.get_metadata() if hasattr(x, "get_metadata") else {}
-    for key in ("out_sharding", "sharding_names", "sharding"):
-        names = meta.get(key)
-        if names:
-            return tuple(names)
-    return None
-
-
-def leaf_path_items(tree: Any) -> list[tuple[str, Any]]:
-    """``[(path string, leaf)]`` for a pytree, NNX Variables kept whole as leaves."""
-    flat, _ = jax.tree_util.tree_flatten_with_path(tree, is_leaf=_is_variable)
-    return [(path_str(p), leaf) for p, leaf in flat]
 
 
 def _as_spec(spec: Any, where: str) -> PartitionSpec:
@@ -217,7 +168,7 @@ class Rules:
         for i, (rx, spec) in enumerate(self._rules):
             if rx.search(path):
                 return Match(self.translate(spec), f"rule {i}: {rx.pattern}")
-        names = _logical_names(leaf)
+        names = logical_names(leaf)
         if names is not None:
             return Match(self.translate(PartitionSpec(*names)), "logical")
         if self._default is not None:
@@ -237,8 +188,6 @@ class Rules:
           ShardingRuleError (or a subclass naming the problem) when ``validate`` finds one.
         """
         if validate:
-            from shardkit.linter import lint
-
             lint(tree, self, mesh).raise_if_errors()
         return _map_leaves(tree, lambda path, leaf: self.match(path, leaf).spec)
 
@@ -257,11 +206,11 @@ def _map_leaves(tree: Any, fn: Callable[[str, Any], Any]) -> Any:
 
     def one(keypath, leaf):
         out = fn(path_str(keypath), leaf)
-        if _is_variable(leaf):
+        if is_variable(leaf):
             return leaf.replace(out)
         return out
 
-    return jax.tree_util.tree_map_with_path(one, tree, is_leaf=_is_variable)
+    return jax.tree_util.tree_map_with_path(one, tree, is_leaf=is_variable)
 
 
 def shard(tree: Any, shardings: Any, mesh: Any = None) -> Any:

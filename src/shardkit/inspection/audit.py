@@ -18,7 +18,6 @@ Example:
 
 from __future__ import annotations
 
-import inspect as _pyinspect
 import math
 import time
 from collections.abc import Mapping, Sequence
@@ -26,6 +25,8 @@ from typing import Any
 
 from shardkit.inspection import groups as groups_mod
 from shardkit.inspection import hlo
+from shardkit.inspection.compiled_layout import arg_names_of, layout_of, requested_shardings
+from shardkit.inspection.compiling import compile_for, kind_of
 from shardkit.inspection.report import Collective, Cost, Finding, MemoryStats, Report
 
 DEFAULT_LARGE_BYTES = 256 * 2**20
@@ -34,82 +35,6 @@ _NARROW = ("bf16", "f16", "f8")
 
 class NoMeshError(ValueError):
     """The program has no mesh to decode its collectives against."""
-
-
-def _kind_of(obj: Any) -> str:
-    """`compiled`, `lowered`, `jitted` or `function`."""
-    if hasattr(obj, "as_text") and hasattr(obj, "memory_analysis") and not hasattr(obj, "compile"):
-        return "compiled"
-    if hasattr(obj, "compile") and hasattr(obj, "as_text"):
-        return "lowered"
-    if hasattr(obj, "lower") and callable(obj):
-        return "jitted"
-    if hasattr(obj, "lower") and hasattr(obj, "jaxpr"):
-        return "traced"
-    if callable(obj):
-        return "function"
-    raise TypeError(
-        f"inspect(fn=...) expects a function, a jax.jit-wrapped function, or a Lowered or "
-        f"Compiled object; got {type(obj).__name__} {obj!r:.60}. Fix: shardkit.inspect(f, x) "
-        "with f a Python function of arrays."
-    )
-
-
-def _check_args(fn: Any, args: tuple, kwargs: dict, who: str) -> None:
-    target = getattr(fn, "__wrapped__", fn)
-    try:
-        sig = _pyinspect.signature(target)
-    except (TypeError, ValueError):
-        return
-    try:
-        sig.bind(*args, **kwargs)
-    except TypeError as e:
-        name = getattr(target, "__name__", type(target).__name__)
-        shapes = ", ".join(_describe_arg(a) for a in args) or "no arguments"
-        raise TypeError(
-            f"{who}({name}, ...): the arguments do not match {name}{sig}: {e}. Got {shapes}. "
-            f"Fix: pass the arguments {name} expects, as arrays or jax.ShapeDtypeStruct "
-            "(with sharding=NamedSharding(mesh, P(...)))."
-        ) from None
-
-
-def _describe_arg(a: Any) -> str:
-    shape = getattr(a, "shape", None)
-    dtype = getattr(a, "dtype", None)
-    if shape is not None and dtype is not None:
-        return f"{dtype}{list(shape)}"
-    return type(a).__name__
-
-
-def _compile(
-    fn: Any, args: tuple, kwargs: dict, *, who: str = "inspect"
-) -> tuple[Any, float | None]:
-    """Compiles `fn` for `args` (or passes a compiled object through): (compiled, seconds)."""
-    kind = _kind_of(fn)
-    if kind == "compiled":
-        if args or kwargs:
-            raise TypeError(
-                f"{who}(compiled, ...): a Compiled object takes no arguments; got {len(args)} "
-                f"positional and {len(kwargs)} keyword. Fix: {who}(compiled) or "
-                f"{who}(jitted_fn, *args)."
-            )
-        return fn, None
-    import jax
-
-    t0 = time.perf_counter()
-    if kind in ("lowered", "traced"):
-        what = "Lowered" if kind == "lowered" else "Traced"
-        if args or kwargs:
-            raise TypeError(
-                f"{who}({kind}, ...): a {what} object takes no arguments; got {len(args)} "
-                f"positional. Fix: {who}({kind}) or {who}(jitted_fn, *args)."
-            )
-        compiled = fn.compile() if kind == "lowered" else fn.lower().compile()
-    else:
-        _check_args(fn, args, kwargs, who)
-        jitted = fn if kind == "jitted" else jax.jit(fn)
-        compiled = jitted.lower(*args, **kwargs).compile()
-    return compiled, time.perf_counter() - t0
 
 
 def _find_mesh(compiled: Any, mesh: Any) -> Any:
@@ -400,9 +325,8 @@ def inspect(
     See also:
         `shardkit.assert_collectives`, `shardkit.inspection.compiled_layout`.
     """
-    from shardkit.inspection.compiled_layout import arg_names_of, layout_of, requested_shardings
 
-    compiled, compile_seconds = _compile(fn, args, kwargs)
+    compiled, compile_seconds = compile_for(fn, args, kwargs)
     found = _find_mesh(compiled, mesh)
     t0 = time.perf_counter()
     text = compiled.as_text()
@@ -429,7 +353,7 @@ def inspect(
     platform = _platform(compiled)
     findings = _findings(compiled, colls, large_bytes, platform)
     parse_seconds = parse_text + time.perf_counter() - t1
-    kind = _kind_of(fn)
+    kind = kind_of(fn)
     layout = None
     if kind in ("function", "jitted"):
         layout = layout_of(

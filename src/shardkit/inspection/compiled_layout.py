@@ -18,22 +18,21 @@ import dataclasses
 import inspect as _pyinspect
 from typing import Any
 
+from jax.sharding import PartitionSpec
+
+from shardkit.common import path_str
+from shardkit.inspection.compiling import compile_for
+from shardkit.layout import spec_notation
+
 _LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 
 
 def _notation(name: str, shape: tuple[int, ...], spec: Any) -> str:
     """`name[A_data, B]` for `spec` on an array of `shape` (letters name the dimensions)."""
-    try:  # the project-wide notation, when available
-        from shardkit.layout import spec_notation  # type: ignore[attr-defined]
-    except ImportError:
-        spec_notation = None
-    if spec_notation is not None:
-        from jax.sharding import PartitionSpec
-
-        try:
-            return spec_notation(shape, PartitionSpec(*spec), name=name)
-        except (TypeError, ValueError):
-            pass
+    try:  # the project-wide notation
+        return spec_notation(shape, PartitionSpec(*spec), name=name)
+    except (TypeError, ValueError):
+        pass
     entries = list(spec) + [None] * (len(shape) - len(spec))
     dims = []
     for i, entry in enumerate(entries[: len(shape)]):
@@ -122,9 +121,7 @@ class CompiledLayout:
 
 
 def _path_str(prefix: str, keypath: tuple) -> str:
-    import jax
-
-    rest = jax.tree_util.keystr(keypath, simple=True, separator="/") if keypath else ""
+    rest = path_str(keypath)
     return f"{prefix}/{rest}" if rest else prefix
 
 
@@ -266,9 +263,7 @@ def compiled_layout(
     See also:
         `shardkit.inspect` (its report carries the same layout).
     """
-    from shardkit.inspection.audit import _compile
-
-    compiled, _ = _compile(fn, args, kwargs, who="compiled_layout")
+    compiled, _ = compile_for(fn, args, kwargs, who="compiled_layout")
     requested_in = in_shardings if in_shardings is not None else requested_shardings(args)
     return layout_of(
         compiled,

@@ -22,6 +22,7 @@ import html
 import json
 from typing import Any
 
+from shardkit.common import format_bytes
 from shardkit.inspection.hlo import SourceFrame
 
 FORMULAS = {
@@ -116,7 +117,7 @@ class Collective:
             shapes += " -> " + _join_shapes(self.result_shapes)
         return (
             f"{self.kind} {shapes} over {self.axes_label} (n={self.group_size}): "
-            f"{_fmt_bytes(self.bytes_moved)} per device x {count} at {self.where}"
+            f"{format_bytes(self.bytes_moved)} per device x {count} at {self.where}"
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -303,17 +304,6 @@ def _num(x: float) -> float | int:
     return int(x) if float(x).is_integer() else x
 
 
-def _fmt_bytes(n: float | None) -> str:
-    if n is None:
-        return "?"
-    n = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"  # pragma: no cover
-
-
 def _fmt_num(x: float | None) -> str:
     if x is None:
         return "?"
@@ -349,9 +339,9 @@ def _rows(report: Report) -> list[tuple[str, ...]]:
                 shape,
                 c.axes_label,
                 str(c.group_size),
-                _fmt_bytes(c.bytes_moved),
+                format_bytes(c.bytes_moved),
                 "unknown" if c.count is None else str(c.count),
-                _fmt_bytes(c.total_bytes) + ("+" if c.count is None else ""),
+                format_bytes(c.total_bytes) + ("+" if c.count is None else ""),
                 _short_source(c),
             )
         )
@@ -371,13 +361,13 @@ def _summary_lines(report: Report) -> list[str]:
     if m is not None:
         lines.append(
             "memory per device: "
-            f"arguments {_fmt_bytes(m.argument_bytes)}, outputs {_fmt_bytes(m.output_bytes)}, "
-            f"aliased {_fmt_bytes(m.alias_bytes)}, temporaries {_fmt_bytes(m.temp_bytes)}, "
-            f"total {_fmt_bytes(m.total_bytes)}"
+            f"arguments {format_bytes(m.argument_bytes)}, outputs {format_bytes(m.output_bytes)}, "
+            f"aliased {format_bytes(m.alias_bytes)}, temporaries {format_bytes(m.temp_bytes)}, "
+            f"total {format_bytes(m.total_bytes)}"
         )
     c = report.cost
     lines.append(
-        f"cost per device: {_fmt_num(c.flops)}FLOP, {_fmt_bytes(c.bytes_accessed)} accessed"
+        f"cost per device: {_fmt_num(c.flops)}FLOP, {format_bytes(c.bytes_accessed)} accessed"
     )
     return lines
 
@@ -386,7 +376,7 @@ def _totals_lines(report: Report) -> list[str]:
     lines = []
     for title, totals in (("by kind", report.by_kind()), ("by mesh axes", report.by_axis())):
         parts = [
-            f"{k} {v['count']}{'' if v['count_known'] else '+'}x = {_fmt_bytes(v['bytes'])}"
+            f"{k} {v['count']}{'' if v['count_known'] else '+'}x = {format_bytes(v['bytes'])}"
             for k, v in totals.items()
         ]
         lines.append(f"totals {title}: " + ("; ".join(parts) if parts else "none"))
@@ -397,7 +387,7 @@ def _text(report: Report) -> str:
     mesh = " x ".join(f"{k}={v}" for k, v in report.mesh.items()) or "-"
     lines = [
         f"{report.name} on mesh {mesh} ({report.platform}): "
-        f"{len(report.collectives)} collectives, {_fmt_bytes(report.total_bytes)} per device "
+        f"{len(report.collectives)} collectives, {format_bytes(report.total_bytes)} per device "
         "per call"
     ]
     rows = _rows(report)

@@ -47,8 +47,11 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from typing import Any
+
+from shardkit.common import format_bytes
 
 _F32_NOTE = (
     "pipelined layouts with a tensor axis are compiled and predicted in float32: XLA:CPU aborts "
@@ -155,7 +158,7 @@ class Verification:
                 f"  {'quantity':<22}{'predicted':>13}{'compiled':>13}{'error':>9}{'bound':>7}"
             )
             for r in c.rows:
-                fmt = _flops if r.quantity == "flops" else _bytes
+                fmt = _flops if r.quantity == "flops" else functools.partial(format_bytes, digits=2)
                 bound = f"{r.bound:.0%}" if r.bound is not None else "-"
                 mark = "" if r.bound is None else ("  ok" if r.ok else "  OUT")
                 lines.append(
@@ -211,14 +214,6 @@ def _devices(mesh: dict[str, int]) -> str:
 
 def _pct(x: float) -> str:
     return "inf" if x == float("inf") else f"{x:+.1%}"
-
-
-def _bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
-        n /= 1024
-    return f"{n:.2f} TiB"  # pragma: no cover
 
 
 def _flops(x: float) -> str:

@@ -25,6 +25,8 @@ from typing import Any
 import jax
 from jax.sharding import PartitionSpec as P
 
+from shardkit.common import path_str
+
 TENSOR_NAMES = ("mlp", "heads", "vocab")  # logical names split by tensor parallelism
 NEVER_SHARDED = ("layers",)  # the stacked-layer axis is scanned over, never split
 
@@ -246,7 +248,7 @@ def _map_specs(strategy, params, mesh, logical, *, for_optimizer: bool):
     specs = [
         leaf_spec(
             strategy,
-            _path_str(path),
+            path_str(path),
             tuple(getattr(leaf, "shape", ())),
             nm,
             mesh,
@@ -259,10 +261,6 @@ def _map_specs(strategy, params, mesh, logical, *, for_optimizer: bool):
 
 def _flatten_up_to(treedef, tree):
     return treedef.flatten_up_to(tree)
-
-
-def _path_str(path) -> str:
-    return "/".join(str(getattr(k, "key", getattr(k, "idx", getattr(k, "name", k)))) for k in path)
 
 
 def leaf_spec(strategy, path: str, shape: tuple[int, ...], names, mesh, *, for_optimizer=False):

@@ -12,6 +12,7 @@ import pathlib
 import time
 from typing import Any
 
+from shardkit.common import path_str
 from shardkit.compat import version_line
 from shardkit.train.config import TrainConfig
 
@@ -195,7 +196,6 @@ def layout_rows(trainer) -> list[dict[str, Any]]:
     import jax
 
     from shardkit.layout import format_bytes, spec_notation
-    from shardkit.strategies.core import _path_str
 
     sizes = dict(trainer.mesh.shape)
     flat = jax.tree_util.tree_flatten_with_path(trainer.abstract_params)[0]
@@ -212,7 +212,7 @@ def layout_rows(trainer) -> list[dict[str, Any]]:
         )
         rows.append(
             {
-                "parameter": _path_str(path),
+                "parameter": path_str(path),
                 "shape": "x".join(map(str, leaf.shape)),
                 "logical": ",".join(str(n) for n in logical) if logical else "-",
                 "layout": spec_notation(leaf.shape, spec, name=""),

@@ -1,0 +1,46 @@
+"""Small helpers every shardkit module may import: byte sizes and pytree key paths.
+
+This module sits below everything else (it imports nothing from shardkit), so a helper here
+never pulls a layer above into the one that uses it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = ["format_bytes", "path_str"]
+
+
+def format_bytes(n: float | None, *, digits: int = 1) -> str:
+    """Binary units: ``1536 -> '1.5 KiB'``; ``None -> '?'`` (a size nobody measured).
+
+    Example:
+        >>> format_bytes(3 * 2**20), format_bytes(1536, digits=2), format_bytes(None)
+        ('3.0 MiB', '1.50 KiB', '?')
+    """
+    if n is None:
+        return "?"
+    n = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024:
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.{digits}f} {unit}"
+        n /= 1024
+    return f"{n:.{digits}f} TiB"
+
+
+def _key_str(k: Any) -> str:
+    for attr in ("key", "name", "idx"):
+        if hasattr(k, attr):
+            return str(getattr(k, attr))
+    return str(k)
+
+
+def path_str(keypath: Sequence[Any]) -> str:
+    """A JAX key path as the ``"a/b/0/kernel"`` string that partition rules match against.
+
+    Example:
+        >>> path_str((jax.tree_util.DictKey("layers"), jax.tree_util.SequenceKey(0)))
+        'layers/0'
+    """
+    return "/".join(_key_str(k) for k in keypath)
