@@ -32,8 +32,14 @@ from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 from shardkit.linalg import layout
-from shardkit.linalg.layout import constrain, n_devices
-from shardkit.linalg.lu import DEFAULT_BLOCK_SIZE, _check_block_size, _check_matrix, _n_chunks
+from shardkit.linalg.layout import (
+    DEFAULT_BLOCK_SIZE,
+    check_block_size,
+    check_matrix,
+    constrain,
+    n_chunks,
+    n_devices,
+)
 from shardkit.linalg.triangular import as_columns, tri_solve_local
 
 __all__ = ["CholeskyFactors", "NotPositiveDefiniteError", "cho_solve", "cholesky"]
@@ -84,8 +90,8 @@ def cholesky_local(a, *, nb, p, axes):
     col_block = (jnp.arange(kc) // nb) * p + d  # global block of each local column
     gcol = col_block * nb + jnp.arange(kc) % nb  # global column of each local column
     rows = jnp.arange(n_pad)
-    n_chunks = _n_chunks(kc // nb)
-    cw = kc // n_chunks
+    chunks = n_chunks(kc // nb)
+    cw = kc // chunks
 
     def step(j, carry):
         a, info = carry
@@ -112,7 +118,7 @@ def cholesky_local(a, *, nb, p, axes):
             lt = jnp.where(right, jnp.take(l_panel, g, axis=0).T, 0)  # (nb, cw) rows of L21^T
             return lax.dynamic_update_slice_in_dim(a, cols - l21 @ lt, c * cw, axis=1)
 
-        a = lax.fori_loop(0, n_chunks, update, a)
+        a = lax.fori_loop(0, chunks, update, a)
         bad = ~jnp.isfinite(l11).all() | (jnp.diagonal(l11) <= 0).any()
         info = jnp.where((info == 0) & bad, jnp.asarray(r0 + 1, info.dtype), info)
         return a, info
@@ -192,8 +198,8 @@ def cholesky(
 
     See also: :func:`cho_solve`, :func:`shardkit.linalg.lu`, :func:`shardkit.linalg.cg`.
     """
-    _check_matrix(a, "a")
-    _check_block_size(block_size, a.shape[0])
+    check_matrix(a, "a")
+    check_block_size(block_size, a.shape[0])
     mesh, axes = layout.resolve_mesh(a, mesh, axis_names, arg="a")
     l, info = _cholesky_jit(a, mesh, axes, block_size)
     if check:

@@ -26,9 +26,8 @@ from jax import lax
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
-from shardkit.linalg.grid import _global_index
-from shardkit.linalg.layout import n_devices
-from shardkit.linalg.lu import DEFAULT_BLOCK_SIZE, LUFactors, lu
+from shardkit.linalg.layout import DEFAULT_BLOCK_SIZE, global_index, n_devices
+from shardkit.linalg.lu import LUFactors, lu
 
 __all__ = ["SlogdetResult", "det", "slogdet"]
 
@@ -53,8 +52,8 @@ def _diag_stats_local(a, *, nb, p, axes):
 
 def _diag_stats_grid_local(a, *, nb, pr, pc, grid):
     m_loc, n_loc = a.shape
-    grow = _global_index(m_loc, nb, pr, lax.axis_index(grid[0]))
-    gcol = _global_index(n_loc, nb, pc, lax.axis_index(grid[1]))
+    grow = global_index(m_loc, nb, pr, lax.axis_index(grid[0]))
+    gcol = global_index(n_loc, nb, pc, lax.axis_index(grid[1]))
     on_diag = grow[:, None] == gcol[None, :]  # this device's entries of diag(U)
     diag = jnp.where(on_diag, a, 1)
     stats = jnp.stack(

@@ -43,23 +43,14 @@ from jax import lax
 from jax.sharding import PartitionSpec as P
 
 from shardkit.linalg import layout
-from shardkit.linalg.layout import constrain
+from shardkit.linalg.layout import constrain, global_index, n_chunks
 from shardkit.linalg.layout2d import grid_multiple, rows_to_grid_local
 
 _STAGES = 4  # static shrinking windows of the step loop (as in the 1-D LU)
 _CHUNKS = 4  # column chunks of the trailing update (temporaries ~ shard / _CHUNKS)
 
 
-def _n_chunks(blocks: int) -> int:
-    return max(g for g in range(1, min(blocks, _CHUNKS) + 1) if blocks % g == 0)
-
-
 __all__: list[str] = []
-
-
-def _global_index(local_len, nb, p, me):
-    i = jnp.arange(local_len)
-    return ((i // nb) * p + me) * nb + i % nb
 
 
 def _grid_steps(a, ipiv, info, *, j0, j1, row0, col0, nb, pr, pc, row_axis, col_axis):
@@ -69,12 +60,12 @@ def _grid_steps(a, ipiv, info, *, j0, j1, row0, col0, nb, pr, pc, row_axis, col_
     m_loc, n_loc = a.shape
     n_pad = m_loc * pr
     my_r, my_c = lax.axis_index(row_axis), lax.axis_index(col_axis)
-    grow = _global_index(m_loc, nb, pr, my_r)  # global row of each local row
+    grow = global_index(m_loc, nb, pr, my_r)  # global row of each local row
     grow_w = grow[row0:]  # (M_w,) rows of the window
-    gcol_w = _global_index(n_loc, nb, pc, my_c)[col0:]  # (N_w,) columns of the window
+    gcol_w = global_index(n_loc, nb, pc, my_c)[col0:]  # (N_w,) columns of the window
     m_w, n_w = m_loc - row0, n_loc - col0
-    n_chunks = _n_chunks(n_w // nb)
-    cw = n_w // n_chunks
+    chunks = n_chunks(n_w // nb)
+    cw = n_w // chunks
 
     def panel_column(k, carry):
         pan, piv, info, r0 = carry  # pan: (M_w, nb) local window rows of the panel
@@ -155,7 +146,7 @@ def _grid_steps(a, ipiv, info, *, j0, j1, row0, col0, nb, pr, pc, row_axis, col_
             u = lax.dynamic_slice_in_dim(u12, ci * cw, cw, axis=1)
             return lax.dynamic_update_slice(a, cols - l21 @ u, (row0, col0 + ci * cw))
 
-        a = lax.fori_loop(0, n_chunks, update, a)
+        a = lax.fori_loop(0, chunks, update, a)
         ipiv = lax.dynamic_update_slice_in_dim(ipiv, piv, r0, axis=0)
         return a, ipiv, info
 
@@ -192,7 +183,7 @@ def tri_solve_grid_local(a, b, *, nb, pr, pc, row_axis, col_axis, lower, unit_di
     n_pad, k = b.shape
     nblk = n_pad // nb
     my_r, my_c = lax.axis_index(row_axis), lax.axis_index(col_axis)
-    grow = _global_index(m_loc, nb, pr, my_r)[:, None]
+    grow = global_index(m_loc, nb, pr, my_r)[:, None]
     both = (row_axis, col_axis)
 
     def step(t, carry):

@@ -294,3 +294,43 @@ def pad_identity(a: jax.Array, n_pad: int) -> jax.Array:
 def zeros_varying(shape, dtype, axes) -> jax.Array:
     """Zeros typed as varying over ``axes`` (for ``fori_loop`` carries inside ``shard_map``)."""
     return lax.pcast(jnp.zeros(shape, dtype), axes, to="varying")
+
+
+DEFAULT_BLOCK_SIZE = 32
+
+
+def n_chunks(blocks: int, target: int = 4) -> int:
+    """Largest divisor of ``blocks`` that is at most ``target``: the column chunks of a trailing
+    update (chunks must tile exactly; temporaries ~ shard / chunks)."""
+    return max(g for g in range(1, min(blocks, target) + 1) if blocks % g == 0)
+
+
+def global_index(local_len, nb, p, me):
+    """Global index of each of a device's ``local_len`` block-cyclic rows or columns (block
+    size ``nb`` over ``p`` devices, this device ``me``)."""
+    i = jnp.arange(local_len)
+    return ((i // nb) * p + me) * nb + i % nb
+
+
+def check_matrix(a, arg: str) -> None:
+    shape = tuple(getattr(a, "shape", ()))
+    if len(shape) != 2 or shape[0] != shape[1]:
+        raise ValueError(
+            f"{arg}: expected a square matrix (N, N), got shape {shape}. "
+            "Pass a 2-D square array; for a stack of systems (B, N, N) use batched_solve."
+        )
+    if not jnp.issubdtype(a.dtype, jnp.floating):
+        raise TypeError(
+            f"{arg}: expected a real floating dtype (float32 or float64), got {a.dtype}. "
+            f"Convert with {arg}.astype(jnp.float32)."
+        )
+
+
+def check_block_size(nb: int, n: int) -> None:
+    if not isinstance(nb, int) or nb < 1:
+        raise ValueError(f"block_size: must be a positive int, got {nb!r}. Try block_size=32.")
+    if nb > n:
+        raise ValueError(
+            f"block_size: {nb} is larger than the matrix size N = {n}. "
+            f"Pass block_size <= {n}, e.g. block_size={min(DEFAULT_BLOCK_SIZE, n)}."
+        )

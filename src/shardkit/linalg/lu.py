@@ -48,13 +48,18 @@ from jax.sharding import PartitionSpec as P
 
 from shardkit.linalg import layout
 from shardkit.linalg.grid import lu_grid_jit
-from shardkit.linalg.layout import constrain, n_devices
+from shardkit.linalg.layout import (
+    DEFAULT_BLOCK_SIZE,
+    check_block_size,
+    check_matrix,
+    constrain,
+    n_chunks,
+    n_devices,
+)
 from shardkit.linalg.layout2d import check_grid, grid_orders
 
 __all__ = ["LUFactors", "SingularMatrixError", "lu"]
 
-DEFAULT_BLOCK_SIZE = 32
-_CHUNKS = 4  # column chunks of the trailing update (temporaries ~ shard / _CHUNKS)
 _STAGES = 4  # static shrinking windows of the step loop (GEMM flops ~1.4x exact, not 3x)
 
 
@@ -123,8 +128,8 @@ def _lu_steps(a, ipiv, info, rhs, *, j0, j1, row0, col0, nb, p, axes, col_block)
     """Runs LU steps ``j0 <= j < j1`` in place on ``a``, touching only the static window
     ``a[row0:, col0:]`` for the panel and trailing update (row swaps span whole rows)."""
     m = a.shape[0] - row0  # rows of the window
-    n_chunks = _n_chunks((a.shape[1] - col0) // nb)
-    cw = (a.shape[1] - col0) // n_chunks  # columns per trailing-update chunk
+    chunks = n_chunks((a.shape[1] - col0) // nb)
+    cw = (a.shape[1] - col0) // chunks  # columns per trailing-update chunk
     rows = jnp.arange(m) + row0  # global row of each window row, (M,)
     d = lax.axis_index(axes)
 
@@ -164,7 +169,7 @@ def _lu_steps(a, ipiv, info, rhs, *, j0, j1, row0, col0, nb, p, axes, col_block)
             cols = lax.dynamic_update_slice_in_dim(cols, jnp.where(right, u12, a12), lr0, axis=0)
             return lax.dynamic_update_slice(a, cols - l21 @ u12, (row0, c0))
 
-        a = lax.fori_loop(0, n_chunks, update, a)
+        a = lax.fori_loop(0, chunks, update, a)
         # Forward substitution on the replicated right-hand sides rides along: the panel
         # (L11, L21) is on every device, so y = L^-1 P b costs no messages.
         rhs = rhs.at[r0 + t].set(rhs[r0 + perm[t]], unique_indices=False)
@@ -178,11 +183,6 @@ def _lu_steps(a, ipiv, info, rhs, *, j0, j1, row0, col0, nb, p, axes, col_block)
         return a, ipiv, info, rhs
 
     return lax.fori_loop(j0, j1, step, (a, ipiv, info, rhs))
-
-
-def _n_chunks(blocks: int, target: int = _CHUNKS) -> int:
-    """Largest divisor of ``blocks`` that is at most ``target`` (chunks must tile exactly)."""
-    return max(g for g in range(1, min(blocks, target) + 1) if blocks % g == 0)
 
 
 def lu_local(a, *, nb, p, axes, stages=None, rhs=None):
@@ -224,30 +224,6 @@ def _lu_jit(a, mesh, axes, nb):
     return jax.shard_map(
         local, mesh=mesh, in_specs=P(axes, None), out_specs=(P(None, axes), P(), P(), P())
     )(a)
-
-
-def _check_matrix(a, arg: str) -> None:
-    shape = tuple(getattr(a, "shape", ()))
-    if len(shape) != 2 or shape[0] != shape[1]:
-        raise ValueError(
-            f"{arg}: expected a square matrix (N, N), got shape {shape}. "
-            "Pass a 2-D square array; for a stack of systems (B, N, N) use batched_solve."
-        )
-    if not jnp.issubdtype(a.dtype, jnp.floating):
-        raise TypeError(
-            f"{arg}: expected a real floating dtype (float32 or float64), got {a.dtype}. "
-            f"Convert with {arg}.astype(jnp.float32)."
-        )
-
-
-def _check_block_size(nb: int, n: int) -> None:
-    if not isinstance(nb, int) or nb < 1:
-        raise ValueError(f"block_size: must be a positive int, got {nb!r}. Try block_size=32.")
-    if nb > n:
-        raise ValueError(
-            f"block_size: {nb} is larger than the matrix size N = {n}. "
-            f"Pass block_size <= {n}, e.g. block_size={min(DEFAULT_BLOCK_SIZE, n)}."
-        )
 
 
 def lu(
@@ -292,8 +268,8 @@ def lu(
 
     See also: :func:`lu_solve`, :func:`solve`, :func:`shardkit.linalg.det`.
     """
-    _check_matrix(a, "a")
-    _check_block_size(block_size, a.shape[0])
+    check_matrix(a, "a")
+    check_block_size(block_size, a.shape[0])
     mesh, axes = layout.resolve_mesh(a, mesh, axis_names, arg="a")
     if grid is not None:
         grid = check_grid(mesh, grid)

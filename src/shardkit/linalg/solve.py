@@ -27,16 +27,15 @@ from jax.sharding import PartitionSpec as P
 
 from shardkit.linalg import layout
 from shardkit.linalg.grid import lu_solve_grid_jit, solve_grid_jit
-from shardkit.linalg.layout import constrain, n_devices
-from shardkit.linalg.layout2d import check_grid
-from shardkit.linalg.lu import (
+from shardkit.linalg.layout import (
     DEFAULT_BLOCK_SIZE,
-    LUFactors,
-    SingularMatrixError,
-    _check_block_size,
-    _check_matrix,
-    lu_local,
+    check_block_size,
+    check_matrix,
+    constrain,
+    n_devices,
 )
+from shardkit.linalg.layout2d import check_grid
+from shardkit.linalg.lu import LUFactors, SingularMatrixError, lu_local
 from shardkit.linalg.triangular import as_columns, tri_solve_local
 
 __all__ = ["lu_solve", "solve"]
@@ -180,8 +179,8 @@ def solve(
 
     See also: :func:`lu_solve`, :func:`~shardkit.linalg.cg`, :func:`~shardkit.linalg.batched_solve`.
     """
-    _check_matrix(a, "a")
-    _check_block_size(block_size, a.shape[0])
+    check_matrix(a, "a")
+    check_block_size(block_size, a.shape[0])
     b2, shape = as_columns(b, a.shape[0], "b")
     mesh, axes = layout.resolve_mesh(a, mesh, axis_names, arg="a")
     if grid is not None:

@@ -35,8 +35,13 @@ from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 from shardkit.linalg import layout
-from shardkit.linalg.layout import constrain, n_devices, zeros_varying
-from shardkit.linalg.lu import _check_block_size, _check_matrix
+from shardkit.linalg.layout import (
+    check_block_size,
+    check_matrix,
+    constrain,
+    n_devices,
+    zeros_varying,
+)
 
 __all__ = ["triangular_solve"]
 
@@ -168,8 +173,8 @@ def triangular_solve(
     See also: :func:`shardkit.linalg.lu_solve`, :func:`shardkit.linalg.cho_solve`.
     """
 
-    _check_matrix(a, "a")
-    _check_block_size(block_size, a.shape[0])
+    check_matrix(a, "a")
+    check_block_size(block_size, a.shape[0])
     b2, shape = as_columns(b, a.shape[0], "b")
     mesh, axes = layout.resolve_mesh(a, mesh, axis_names, arg="a")
     x = _tri_jit(a, b2, mesh, axes, block_size, lower, transpose, unit_diagonal)
