@@ -45,7 +45,7 @@ def _steps(entries: tuple, k: int, mesh_shape: dict[str, int]) -> list[tuple[int
     return [(i, fft[i]) for i in range(k - 2, -1, -1) if L.entry_size(fft[i], mesh_shape) > 1]
 
 
-def _to_trailing(blk: jax.Array, order: list[int], dims: list[int], nb: int):
+def to_trailing(blk: jax.Array, order: list[int], dims: list[int], nb: int):
     """Transposes the FFT dims of `blk` so that `dims` are the trailing local dims.
 
     `order[p]` is the FFT dim stored at local position `nb + p`; returns the new block and order.
@@ -79,7 +79,7 @@ def _run_local(blk, entries, k, mesh_shape, norm, *, inverse: bool, start, end):
     pending = [k - 1] if not inverse else [0]
     for i in seq:
         if i in steps:
-            blk, order = _to_trailing(blk, order, pending, nb)
+            blk, order = to_trailing(blk, order, pending, nb)
             blk = fft(blk, axes=list(range(blk.ndim - len(pending), blk.ndim)), norm=norm)
             pending = []
             split, concat = (i + 1, i) if not inverse else (i, i + 1)
@@ -87,7 +87,7 @@ def _run_local(blk, entries, k, mesh_shape, norm, *, inverse: bool, start, end):
                 blk, steps[i], nb + order.index(split), nb + order.index(concat), tiled=True
             )
         pending.append(i if not inverse else i + 1)
-    blk, order = _to_trailing(blk, order, pending, nb)
+    blk, order = to_trailing(blk, order, pending, nb)
     blk = fft(blk, axes=list(range(blk.ndim - len(pending), blk.ndim)), norm=norm)
     if order != list(end):
         perm = list(range(nb)) + [nb + order.index(d) for d in end]

@@ -27,7 +27,7 @@ from jax.sharding import PartitionSpec as P
 from jaxtyping import Array, Complex, Float
 
 from shardkit.fft import _layout as L
-from shardkit.fft._complex import _to_trailing, roll
+from shardkit.fft._complex import roll, to_trailing
 
 
 def _kind(a, b, mesh_shape) -> str:
@@ -72,12 +72,12 @@ def _r2c(x, *, mesh, batch, ab, inverse, layout, norm, n, dtype):
 
     def forward(blk):
         # `order` lists the FFT dims (0=X, 1=Y, 2=Z) in local storage order; every FFT runs
-        # over trailing local dims (see _complex._to_trailing).
+        # over trailing local dims (see _complex.to_trailing).
         order = [0, 1, 2]
         if kind == "pencil":
             blk = jnp.fft.rfft(blk, axis=-1, norm=norm)  # [X_a, Y_b, KZ]
             blk = a2a(blk, order, b, 0, 1)  # [X_ab, Y, KZ]
-            blk, order = _to_trailing(blk, order, [1], nb)
+            blk, order = to_trailing(blk, order, [1], nb)
             blk = jnp.fft.fft(blk, axis=-1, norm=norm)
             blk = a2a(blk, order, (a, b), 1, 0)  # [X, Y_ab, KZ]
         elif kind == "slab_x":
@@ -87,29 +87,29 @@ def _r2c(x, *, mesh, batch, ab, inverse, layout, norm, n, dtype):
             blk = jnp.fft.rfftn(blk, axes=(X, Z), norm=norm)  # [KX, Y_b, KZ]
             blk = a2a(blk, order, b, 0, 1)  # [X_b, Y, KZ]
         last = 1 if kind == "slab_y" else 0
-        blk, order = _to_trailing(blk, order, [last], nb)
+        blk, order = to_trailing(blk, order, [last], nb)
         blk = jnp.fft.fft(blk, axis=-1, norm=norm)
         return to(blk, order, spectrum)
 
     def inverse_(blk):
         order = list(spectrum)
         if kind == "slab_y":
-            blk, order = _to_trailing(blk, order, [1], nb)
+            blk, order = to_trailing(blk, order, [1], nb)
             blk = jnp.fft.ifft(blk, axis=-1, norm=norm)
             blk = a2a(blk, order, b, 1, 0)  # [KX, Y_b, KZ]
             blk = to(blk, order, [0, 1, 2])
             return jnp.fft.irfftn(blk, s=(blk.shape[X], n), axes=(X, Z), norm=norm)
-        blk, order = _to_trailing(blk, order, [0], nb)
+        blk, order = to_trailing(blk, order, [0], nb)
         blk = jnp.fft.ifft(blk, axis=-1, norm=norm)
         if kind == "slab_x":
             blk = a2a(blk, order, a, 0, 1)  # [X_a, KY, KZ]
             blk = to(blk, order, [0, 1, 2])
             return jnp.fft.irfftn(blk, s=(blk.shape[Y], n), axes=(Y, Z), norm=norm)
         blk = a2a(blk, order, (a, b), 0, 1)  # [X_ab, Y, KZ]
-        blk, order = _to_trailing(blk, order, [1], nb)
+        blk, order = to_trailing(blk, order, [1], nb)
         blk = jnp.fft.ifft(blk, axis=-1, norm=norm)
         blk = a2a(blk, order, b, 1, 0)  # [X_a, Y_b, KZ]
-        blk, order = _to_trailing(blk, order, [2], nb)
+        blk, order = to_trailing(blk, order, [2], nb)
         blk = jnp.fft.irfft(blk, n=n, axis=-1, norm=norm)
         return to(blk, order, [0, 1, 2])
 

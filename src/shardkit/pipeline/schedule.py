@@ -357,7 +357,7 @@ def _lane(op: Op, lanes: int) -> int:
     return 2 if lanes == 3 and op.kind == "W" else 1
 
 
-def _deps(op: Op, d: int, p: int, v: int) -> list[tuple[str, int, int, bool]]:
+def op_deps(op: Op, d: int, p: int, v: int) -> list[tuple[str, int, int, bool]]:
     """(kind, microbatch, stage, remote) of the ops ``op`` on device ``d`` waits for.
 
     ``kind`` is "F" or "G" (the gradient-producing backward: B or BI) or "BI".
@@ -375,7 +375,7 @@ def _deps(op: Op, d: int, p: int, v: int) -> list[tuple[str, int, int, bool]]:
     return [("BI", i, s, False)]  # W
 
 
-def _done_keys(op: Op, d: int, p: int) -> list[tuple[str, int, int]]:
+def done_keys(op: Op, d: int, p: int) -> list[tuple[str, int, int]]:
     s = op.chunk * p + d
     if op.kind == "F":
         return [("F", op.microbatch, s)]
@@ -540,12 +540,12 @@ def table(schedule: Schedule, p: int, m: int) -> Table:
                     break
                 ready = all(
                     done.get((k, i, s), t) < t or (not remote and (k, i, s) in local)
-                    for k, i, s, remote in _deps(op, d, p, v)
+                    for k, i, s, remote in op_deps(op, d, p, v)
                 )
                 if not ready:
                     break
                 row[d, lane] = (op.code, op.microbatch, op.chunk)
-                keys = _done_keys(op, d, p)
+                keys = done_keys(op, d, p)
                 local.update(keys)
                 finished += keys
                 pos[d] += 1

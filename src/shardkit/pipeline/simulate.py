@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from shardkit.pipeline.schedule import Costs, Op, Schedule, _deps, _done_keys
+from shardkit.pipeline.schedule import Costs, Op, Schedule, done_keys, op_deps
 
 
 @dataclass(frozen=True)
@@ -136,7 +136,7 @@ def simulate(schedule: Schedule, p: int, m: int, costs: Costs | None = None) -> 
         for d in range(p):
             while pos[d] < len(orders[d]):
                 op = orders[d][pos[d]]
-                deps = _deps(op, d, p, v)
+                deps = op_deps(op, d, p, v)
                 if any((k, i, s) not in ends for k, i, s, _ in deps):
                     break
                 start = max(
@@ -145,7 +145,7 @@ def simulate(schedule: Schedule, p: int, m: int, costs: Costs | None = None) -> 
                 )
                 end = start + costs.of(op.kind)
                 events[d].append(Event(op, start, end))
-                for key in _done_keys(op, d, p):
+                for key in done_keys(op, d, p):
                     ends[key] = end
                 free[d] = end
                 pos[d] += 1

@@ -138,7 +138,7 @@ class _Base:
 
     def compute_spec(self, spec: P) -> P:
         """The layout a parameter has while used in compute: "fsdp" removed (all-gathered)."""
-        return P(*(_drop(entry, "fsdp") for entry in spec))
+        return P(*(drop_axis(entry, "fsdp") for entry in spec))
 
     def expected_collectives(self, mesh) -> ExpectedCollectives:
         """Collective kinds the compiled training step must (and may) contain on `mesh`."""
@@ -193,7 +193,7 @@ def _size(mesh, axis: str) -> int:
     return int(dict(mesh.shape).get(axis, 1))
 
 
-def _drop(entry, axis: str):
+def drop_axis(entry, axis: str):
     if entry is None or entry == axis:
         return None
     if isinstance(entry, tuple):

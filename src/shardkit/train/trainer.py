@@ -31,7 +31,7 @@ from jax.sharding import PartitionSpec as P
 
 from shardkit.models.common import logical_axes
 from shardkit.strategies import Auto
-from shardkit.strategies.core import _drop
+from shardkit.strategies.core import drop_axis
 from shardkit.train.pipelined import pipeline_loss_and_grads, pipeline_of
 
 
@@ -142,7 +142,7 @@ class Trainer:
             # the non-pipelined forward (evaluate) gathers the stage-split layers up front
             self._upfront_specs = dict(self._upfront_specs)
             self._upfront_specs[self._stacked_key] = jax.tree.map(
-                lambda s: P(*(_drop(e, "stage") for e in s)),
+                lambda s: P(*(drop_axis(e, "stage") for e in s)),
                 self.param_specs[self._stacked_key],
                 is_leaf=lambda x: isinstance(x, P),
             )
