@@ -1,0 +1,113 @@
+"""shardkit's import graph, read from the source (function-local imports included).
+
+The design: modules import one way (mesh -> rules/lint -> strategies -> train -> inspection;
+kernels, models and the pipeline stand alone; ``shardkit.common``, ``leaves``, ``errors`` and
+``compat`` sit below everything). An import hidden inside a function still counts here: a cycle
+it closes is a helper in the wrong place.
+"""
+
+import ast
+import pathlib
+
+import pytest
+
+SRC = pathlib.Path(__file__).resolve().parent.parent / "src"
+
+
+def modules() -> dict[str, pathlib.Path]:
+    out = {}
+    for path in (SRC / "shardkit").rglob("*.py"):
+        name = ".".join(path.relative_to(SRC).with_suffix("").parts)
+        out[name.removesuffix(".__init__")] = path
+    return out
+
+
+def imports(mods: dict[str, pathlib.Path]) -> list[tuple[str, str, str, int]]:
+    """(importer, imported module, imported name or "", line) for every shardkit import."""
+    found = []
+    for mod, path in mods.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level:
+                raise AssertionError(f"{path}:{node.lineno}: relative import; write shardkit.…")
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("shardkit"):
+                for alias in node.names:
+                    sub = f"{node.module}.{alias.name}"
+                    if sub in mods:  # from shardkit.pkg import submodule
+                        found.append((mod, sub, "", node.lineno))
+                    else:
+                        found.append((mod, node.module, alias.name, node.lineno))
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.name.startswith("shardkit"):
+                        found.append((mod, alias.name, "", node.lineno))
+    return found
+
+
+def graph(mods) -> dict[str, set[str]]:
+    edges: dict[str, set[str]] = {m: set() for m in mods}
+    for src, dst, _, _ in imports(mods):
+        while dst not in mods:
+            dst = dst.rpartition(".")[0]
+        # a package's __init__ re-exporting its own submodules is not a cycle
+        if dst != src and not (mods[src].name == "__init__.py" and dst.startswith(src + ".")):
+            edges[src].add(dst)
+    return edges
+
+
+def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(edges[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_import_cycle_between_modules():
+    assert cycles(graph(modules())) == []
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_module_imports_another_modules_private_name():
+    private = [
+        f"{src}:{line} imports {name} from {dst}"
+        for src, dst, name, line in imports(modules())
+        if name.startswith("_") and not name.startswith("__")
+    ]
+    assert private == []
+
+
+@pytest.mark.parametrize("module", ["shardkit.common", "shardkit.errors", "shardkit.compat"])
+def test_the_bottom_modules_import_nothing_from_shardkit(module):
+    mods = modules()
+    assert [dst for src, dst, _, _ in imports(mods) if src == module] == []
