@@ -111,3 +111,26 @@ def test_no_module_imports_another_modules_private_name():
 def test_the_bottom_modules_import_nothing_from_shardkit(module):
     mods = modules()
     assert [dst for src, dst, _, _ in imports(mods) if src == module] == []
+
+
+def test_every_shardkit_error_derives_from_shardkit_error():
+    import importlib
+    import inspect
+
+    import shardkit
+    from shardkit.errors import ShardkitError
+
+    found = []
+    for name in modules():
+        module = importlib.import_module(name)
+        for _, cls in inspect.getmembers(module, inspect.isclass):
+            if issubclass(cls, BaseException) and cls.__module__.startswith("shardkit"):
+                found.append(cls)
+    assert len(found) > 20  # the walk saw the package's errors
+    assert [c.__qualname__ for c in found if not issubclass(c, ShardkitError)] == []
+    assert shardkit.ShardkitError is ShardkitError
+    # one class per name
+    by_name = {}
+    for c in found:
+        by_name.setdefault(c.__name__, set()).add(c)
+    assert {n: len(cs) for n, cs in by_name.items() if len(cs) > 1} == {}

@@ -23,6 +23,7 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "mesh_table": ("shardkit.mesh", "mesh_table"),
     "simulate_cpu_devices": ("shardkit.mesh", "simulate_cpu_devices"),
     "MeshError": ("shardkit.mesh", "MeshError"),
+    "ShardkitError": ("shardkit.errors", "ShardkitError"),
     "Rules": ("shardkit.rules", "Rules"),
     "shard": ("shardkit.rules", "shard"),
     "ShardingRuleError": ("shardkit.rules", "ShardingRuleError"),

@@ -23,6 +23,7 @@ import numpy as np
 from jax.sharding import AxisType, Mesh
 
 from shardkit.compat import backend_started
+from shardkit.errors import ShardkitError
 
 __all__ = [
     "MeshError",
@@ -36,7 +37,7 @@ __all__ = [
 AxisTypesArg = Literal["explicit", "auto"] | AxisType | Sequence[AxisType | str]
 
 
-class MeshError(ValueError):
+class MeshError(ShardkitError, ValueError):
     """A mesh cannot be built as asked (bad axis sizes or names, too few devices)."""
 
 

@@ -16,6 +16,8 @@ import importlib.util
 import os
 from collections.abc import Mapping
 
+from shardkit.errors import ShardkitError
+
 COORDINATOR = "SHARDKIT_COORDINATOR_ADDRESS"
 NUM_PROCESSES = "SHARDKIT_NUM_PROCESSES"
 PROCESS_ID = "SHARDKIT_PROCESS_ID"
@@ -36,7 +38,7 @@ _CLUSTERS: tuple[tuple[str, tuple[str, ...]], ...] = (
 )
 
 
-class LaunchEnvironmentError(ValueError):
+class LaunchEnvironmentError(ShardkitError, ValueError):
     """Launcher variables that are missing, malformed or inconsistent."""
 
 

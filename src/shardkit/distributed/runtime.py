@@ -21,9 +21,10 @@ from typing import Any
 
 from shardkit.compat import backend_started, distributed_client
 from shardkit.distributed.environment import Environment, detect_environment
+from shardkit.errors import ShardkitError
 
 
-class DistributedError(RuntimeError):
+class DistributedError(ShardkitError, RuntimeError):
     """A multi-process setup problem: what is wrong, on which process, and the fix."""
 
 
@@ -35,7 +36,7 @@ class ProcessCountMismatchError(DistributedError):
     """Processes were started with different process counts."""
 
 
-class ProcessMeshError(ValueError):
+class ProcessMeshError(ShardkitError, ValueError):
     """The devices of one process do not form a block of the mesh."""
 
 

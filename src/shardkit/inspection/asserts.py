@@ -18,11 +18,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from shardkit.errors import ShardkitError
 from shardkit.inspection.hlo import COLLECTIVE_KINDS
 from shardkit.inspection.report import Report
 
 
-class CollectiveAssertionError(AssertionError):
+class CollectiveAssertionError(ShardkitError, AssertionError):
     """A compiled program's collectives break what `assert_collectives` was told.
 
     Attributes:

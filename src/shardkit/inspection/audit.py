@@ -23,6 +23,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from shardkit.errors import ShardkitError
 from shardkit.inspection import groups as groups_mod
 from shardkit.inspection import hlo
 from shardkit.inspection.compiled_layout import arg_names_of, layout_of, requested_shardings
@@ -33,7 +34,7 @@ DEFAULT_LARGE_BYTES = 256 * 2**20
 _NARROW = ("bf16", "f16", "f8")
 
 
-class NoMeshError(ValueError):
+class NoMeshError(ShardkitError, ValueError):
     """The program has no mesh to decode its collectives against."""
 
 

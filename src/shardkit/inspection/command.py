@@ -26,6 +26,8 @@ import re
 import sys
 from typing import Any
 
+from shardkit.cli_args import parse_mesh_arg, parse_spec_arg
+
 _DTYPES = {
     "f16": "float16",
     "bf16": "bfloat16",
@@ -168,8 +170,6 @@ def _setup_devices(n: int | None) -> None:
 def _mesh_size(text: str | None) -> int | None:
     if not text:
         return None
-    from shardkit.cli import parse_mesh_arg
-
     sizes = parse_mesh_arg(text).values()
     if any(s <= 0 for s in sizes):
         return None
@@ -192,7 +192,6 @@ def run(args: argparse.Namespace) -> int:
     import jax
     from jax.sharding import NamedSharding
 
-    from shardkit.cli import parse_mesh_arg, parse_spec_arg
     from shardkit.inspection.audit import DEFAULT_LARGE_BYTES, inspect
 
     fn, ns = _load_target(args.target)

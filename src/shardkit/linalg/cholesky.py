@@ -31,6 +31,7 @@ from jax import lax
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
+from shardkit.errors import ShardkitError
 from shardkit.linalg import layout
 from shardkit.linalg.layout import (
     DEFAULT_BLOCK_SIZE,
@@ -45,7 +46,7 @@ from shardkit.linalg.triangular import as_columns, tri_solve_local
 __all__ = ["CholeskyFactors", "NotPositiveDefiniteError", "cho_solve", "cholesky"]
 
 
-class NotPositiveDefiniteError(ValueError):
+class NotPositiveDefiniteError(ShardkitError, ValueError):
     """The matrix given to :func:`cholesky` is not symmetric positive definite."""
 
 

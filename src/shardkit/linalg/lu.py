@@ -46,6 +46,7 @@ from jax import lax
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
+from shardkit.errors import ShardkitError
 from shardkit.linalg import layout
 from shardkit.linalg.grid import lu_grid_jit
 from shardkit.linalg.layout import (
@@ -63,7 +64,7 @@ __all__ = ["LUFactors", "SingularMatrixError", "lu"]
 _STAGES = 4  # static shrinking windows of the step loop (GEMM flops ~1.4x exact, not 3x)
 
 
-class SingularMatrixError(ValueError):
+class SingularMatrixError(ShardkitError, ValueError):
     """An exactly zero pivot was met: the matrix is singular (in working precision)."""
 
 

@@ -17,10 +17,12 @@ import jax.numpy as jnp
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from shardkit.errors import ShardkitError
+
 Spec = tuple[str | None, str | None]
 
 
-class MatmulLayoutError(ValueError):
+class MatmulLayoutError(ShardkitError, ValueError):
     """The operands' shapes or shardings do not fit the requested matmul algorithm."""
 
 

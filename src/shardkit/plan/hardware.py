@@ -60,10 +60,12 @@ import functools
 import re
 from typing import Literal
 
+from shardkit.errors import ShardkitError
+
 Topology = Literal["switch", "mesh", "torus2d", "torus3d", "host"]
 
 
-class UnknownHardwareError(ValueError):
+class UnknownHardwareError(ShardkitError, ValueError):
     """A hardware name that has no profile."""
 
 

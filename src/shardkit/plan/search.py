@@ -19,17 +19,18 @@ import json
 import math
 from typing import Any
 
+from shardkit.errors import ShardkitError
 from shardkit.plan.cost import Candidate, divisors, evaluate
 from shardkit.plan.hardware import Hardware, get_hardware
 from shardkit.plan.memory import model_state_bytes
 from shardkit.plan.workload import REMAT_POLICIES, Dense, Transformer, preset
 
 
-class NoValidLayoutError(ValueError):
+class NoValidLayoutError(ShardkitError, ValueError):
     """No data x fsdp x tensor x stage factorization of the device count fits the shapes."""
 
 
-class DoesNotFitError(ValueError):
+class DoesNotFitError(ShardkitError, ValueError):
     """Every layout needs more memory per device than the hardware has."""
 
 

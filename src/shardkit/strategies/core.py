@@ -26,6 +26,7 @@ import jax
 from jax.sharding import PartitionSpec as P
 
 from shardkit.common import path_str
+from shardkit.linter import UnmatchedLeafError
 
 TENSOR_NAMES = ("mlp", "heads", "vocab")  # logical names split by tensor parallelism
 NEVER_SHARDED = ("layers",)  # the stacked-layer axis is scanned over, never split
@@ -309,10 +310,6 @@ def _tensor_dim(strategy, path, shape, names, tensor):
         f"leaf {path!r} (shape {shape}) matches no tensor_rules pattern of {strategy!r}; "
         "fix: add a rule for it, e.g. (r'.*', None) last to replicate everything else."
     )
-
-
-class UnmatchedLeafError(ValueError):
-    """A parameter leaf that no rule of the strategy covers."""
 
 
 def _fsdp_dim(shape, names, spec, fsdp):

@@ -20,10 +20,11 @@ from typing import Any
 
 import jax
 
+from shardkit.errors import ShardkitError
 from shardkit.train.trainer import TrainState
 
 
-class CheckpointMismatchError(ValueError):
+class CheckpointMismatchError(ShardkitError, ValueError):
     """A checkpoint whose tree structure or shapes differ from the target state."""
 
 

@@ -6,6 +6,8 @@ import argparse
 import os
 import sys
 
+from shardkit.cli_args import parse_mesh_arg
+
 # flag -> (config key, type, help); defaults live in TrainConfig so a TOML file can set them
 _FLAGS = [
     ("--steps", "steps", int, "training steps (default 300)"),
@@ -74,8 +76,6 @@ def config_from_args(args: argparse.Namespace):
     overrides["resume"] = getattr(args, "resume", None)
     overrides["report"] = getattr(args, "report", None)
     if getattr(args, "mesh", None):
-        from shardkit.cli import parse_mesh_arg
-
         overrides["mesh"] = parse_mesh_arg(args.mesh)
     return load(getattr(args, "config", None), overrides)
 

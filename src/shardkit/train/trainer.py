@@ -29,6 +29,7 @@ from flax import nnx
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from shardkit.errors import ShardkitError
 from shardkit.models.common import logical_axes
 from shardkit.strategies import Auto
 from shardkit.strategies.core import drop_axis
@@ -43,7 +44,7 @@ class TrainState(NamedTuple):
     opt_state: Any
 
 
-class BatchSizeError(ValueError):
+class BatchSizeError(ShardkitError, ValueError):
     """A batch that the data-splitting mesh axes (or micro-batches) do not divide."""
 
 
