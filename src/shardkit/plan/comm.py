@@ -27,7 +27,9 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from typing import Any
 
 from shardkit.plan.hardware import Hardware
 
@@ -121,3 +123,115 @@ def collective_time_parts(
             return hw.latency_intra + nbytes / (hw.intra_bw * hw.eff_intra), 0.0
         return 0.0, hw.latency_inter + nbytes / (hw.inter_bw * hw.eff_inter)
     raise ValueError(f"unknown collective {kind!r}; fix: one of {KINDS}.")
+
+
+@dataclasses.dataclass
+class Traffic:
+    """One layout's collectives per device per step.
+
+    Attributes:
+        collectives: kind -> bytes moved (`bytes_moved` units).
+        times: mesh axis -> seconds of its collectives.
+        across: mesh axis -> the part of `times` spent between fast domains.
+        per_micro: (seconds, of which across domains) of traffic repeated per micro-batch
+            (ZeRO-3's gathers and reduce-scatters), which overlaps the whole step.
+    """
+
+    collectives: dict[str, float] = dataclasses.field(default_factory=dict)
+    times: dict[str, float] = dataclasses.field(
+        default_factory=lambda: {"tensor": 0.0, "fsdp": 0.0, "data": 0.0, "stage": 0.0}
+    )
+    across: dict[str, float] = dataclasses.field(
+        default_factory=lambda: {"tensor": 0.0, "fsdp": 0.0, "data": 0.0, "stage": 0.0}
+    )
+    per_micro: tuple[float, float] = (0.0, 0.0)
+
+    def add(self, kind, nbytes, count, axis, size, inner, hw: Hardware) -> None:
+        """`count` collectives of `kind` on `nbytes` over mesh axis `axis` of `size` devices,
+        `inner` devices inside it."""
+        if size <= 1 or count <= 0:
+            return
+        self.collectives[kind] = self.collectives.get(kind, 0.0) + count * bytes_moved(
+            kind, nbytes, size
+        )
+        intra, inter = collective_time_parts(kind, nbytes, size, hw, inner=inner)
+        self.times[axis] += count * (intra + inter)
+        self.across[axis] += count * inter
+
+
+def layout_traffic(
+    w: Any,
+    hw: Hardware,
+    *,
+    transformer: bool,
+    data: int,
+    fsdp: int,
+    tensor: int,
+    stage: int,
+    zero: int,
+    remat: str,
+    microbatches: int,
+    micro_batch: int,
+    steps: int,
+    stage_params: float,
+    compute_bytes: int,
+    weight_bytes: float,
+    block_bytes: float,
+    gather_calls: int,
+    activation_bytes: float,
+    tp_count: int,
+    sequence_parallel: bool,
+    head_on_busiest: bool,
+) -> Traffic:
+    """The collectives of one layout per device per step, with their times.
+
+    FSDP (ZeRO-3) gathers each block per micro-batch (again when remat recomputes it) and
+    reduce-scatters its gradients; ZeRO-1 reduce-scatters gradients and gathers the updated
+    weights once per step; "data" all-reduces the gradient shard once per step; Megatron
+    tensor parallelism all-reduces `tp_count` b x s x h activations (an all-gather and a
+    reduce-scatter each under sequence parallelism); a pipeline sends an activation and a
+    gradient at every one of the executor's `steps`.
+    """
+    t = Traffic()
+    m, b, c = microbatches, micro_batch, compute_bytes
+    replicas = data * fsdp
+
+    def add(kind, nbytes, count, axis, size, inner):
+        t.add(kind, nbytes, count, axis, size, inner, hw)
+
+    weights_c = stage_params * c
+    if fsdp > 1 and zero == 3:  # gathered and reduced one layer at a time
+        passes = 1 if remat == "none" else 2
+        calls = gather_calls
+        # the blocks are gathered again when remat recomputes them; the embedding, head and
+        # final norm live outside the scanned, rematerialised blocks and are gathered once
+        blocks = calls - 1 if transformer else calls
+        add("all-gather", block_bytes / blocks, passes * m * blocks, "fsdp", fsdp, tensor)
+        add("all-gather", weights_c - block_bytes, m, "fsdp", fsdp, tensor)
+        add("reduce-scatter", weights_c / calls, m * calls, "fsdp", fsdp, tensor)
+        t.per_micro = (t.times["fsdp"], t.across["fsdp"])
+    elif fsdp > 1:
+        add("reduce-scatter", weights_c, 1, "fsdp", fsdp, tensor)
+        add("all-gather", stage_params * weight_bytes, 1, "fsdp", fsdp, tensor)
+    add("all-reduce", weights_c / max(fsdp, 1), 1, "data", data, tensor * fsdp)
+    sp = sequence_parallel
+    if sp:  # all-gather before and reduce-scatter after each pair of tensor-parallel matmuls
+        add("all-gather", activation_bytes, tp_count, "tensor", tensor, 1)
+        add("reduce-scatter", activation_bytes, tp_count, "tensor", tensor, 1)
+    else:
+        add("all-reduce", activation_bytes, tp_count, "tensor", tensor, 1)
+    if transformer and head_on_busiest:  # vocab-parallel softmax: max, sum and the target
+        # logit (f32), on the last stage
+        add("all-reduce", 4 * w.seq * b, 3 * m, "tensor", tensor, 1)
+    add("all-reduce", 4, 1, "data", replicas, tensor)  # the loss, averaged over the batch
+    sends = activation_bytes / (tensor if sp else 1)  # SP sends each rank's sequence slice
+    # the lockstep executor sends an activation and a gradient every step, idle lanes too
+    add("collective-permute", sends, 2 * steps, "stage", stage, tensor * fsdp * data)
+    if stage > 1 and getattr(w, "ends_on_every_stage", False):
+        # the input cotangent (for the embedding) and the head's gradients, summed over stage
+        head = w.norm_params * w.d_model + w.vocab * w.d_model / tensor
+        add("all-reduce", activation_bytes * m, 1, "stage", stage, tensor * fsdp * data)
+        add("all-reduce", head * c, 1, "stage", stage, tensor * fsdp * data)
+        # the embedding table, all-gathered whole from its "tensor" pieces once per step
+        add("all-gather", w.vocab * w.d_model * c, 1, "tensor", tensor, 1)
+    return t

@@ -37,15 +37,16 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
+from typing import Any, NamedTuple
 
 from shardkit.plan import comm, pipe
 from shardkit.plan.hardware import Hardware, get_hardware
 from shardkit.plan.memory import (
+    ActivationMemory,
     bytes_per_param,
     get_precision,
-    layer_activation_bytes,
     model_state_bytes,
+    transformer_memory,
 )
 from shardkit.plan.workload import Dense, Transformer
 
@@ -271,12 +272,90 @@ def evaluate(
     m = microbatches or stage
     remat = remat or (workload.remat if workload.remat != "auto" else "none")
     replicas = data * fsdp
+    b, v = _check_layout(workload, data, fsdp, tensor, stage, m, schedule, virtual)
+    zero = zero if fsdp > 1 else 0
+    pf = pipe.facts(schedule, stage, m, v)  # steps, in-flight, bubble of the executor
+    prec = get_precision(workload.precision)
+    c = prec.compute
+    wb, _, _ = bytes_per_param(prec, workload.optimizer)
+    peak = hw.peak(prec.compute_dtype)
+    w = workload
+    if isinstance(w, Transformer):
+        n_stage = _stage_params(w, stage, tensor)
+        local_layers = -(-w.layers // stage)  # the busiest stage
+        layer_t = w.layer_matmul_params() / tensor + 2 * w.norm_params * w.d_model
+        sp = sequence_parallel and tensor > 1
+        mem = transformer_memory(
+            w, hw, micro_batch=b, microbatches=m, tensor=tensor, stage=stage, fsdp=fsdp,
+            zero=zero, remat=remat, in_flight=pf.in_flight, local_layers=local_layers,
+            layer_params=layer_t, sequence_parallel=sp, dot_bytes=dot_bytes,
+            act_bytes=act_bytes,
+        )  # fmt: skip
+        work = _transformer_compute(w, b=b, m=m, tensor=tensor, stage=stage, remat=remat,
+                                    replicas=replicas, local_layers=local_layers)  # fmt: skip
+        block_c = local_layers * layer_t * c  # the scanned blocks' share of the weights
+        gather_calls = local_layers + 1  # each block, then embedding and head together
+    else:
+        n_stage = float(w.params)
+        mem = ActivationMemory(
+            activations=w.activation_bytes_per_example * b * c / 2,
+            logits=0.0,
+            inputs=w.input_bytes_per_example * b * m,
+            gathered=2 * w.largest_layer_params * c if (fsdp > 1 and zero == 3) else 0.0,
+        )
+        work = _Compute(
+            flops=w.flops_per_example * w.batch / replicas,
+            model_flops=w.flops_per_example * w.batch,
+            activation_bytes=0.0, tp_count=0, head_on_busiest=True,
+        )  # fmt: skip
+        sp = False
+        block_c = float(w.params) * c
+        gather_calls = max(w.layers, 1)
+
+    state = model_state_bytes(n_stage, zero=zero, shards=max(fsdp, 1), precision=prec,
+                              optimizer=w.optimizer)  # fmt: skip
+    # fp32 weights (no master copy): each micro-batch's gradients exist next to the
+    # accumulator; with a master copy they accumulate in place into the main gradient buffer
+    grads = state.grads * (2 if m > 1 and prec.master == 0 else 1)
+    if m > 1 and prec.master == 0 and hw.accumulated_grad_bytes:
+        # both copies held as the weight-gradient dots produce them (XLA:CPU with bf16
+        # dots: bf16 under bf16 compute, `Hardware.accumulated_grad_bytes`)
+        grads *= max(c, hw.accumulated_grad_bytes) / prec.grads
+    gathered = mem.gathered
+    if prec.params != c:  # fp32 weights cast to the compute dtype
+        gathered += n_stage / (fsdp if zero == 3 else 1) * c
+
+    traffic = comm.layout_traffic(
+        w, hw, transformer=isinstance(w, Transformer), data=data, fsdp=fsdp, tensor=tensor,
+        stage=stage, zero=zero, remat=remat, microbatches=m, micro_batch=b, steps=pf.steps,
+        stage_params=n_stage, compute_bytes=c, weight_bytes=wb, block_bytes=block_c,
+        gather_calls=gather_calls, activation_bytes=work.activation_bytes,
+        tp_count=work.tp_count, sequence_parallel=sp, head_on_busiest=work.head_on_busiest,
+    )  # fmt: skip
+    t = _step_time(work.flops / (peak * hw.mfu_ceiling), traffic, pf.bubble, m, state, hw)
+    devices = replicas * tensor * stage
+    return Candidate(
+        data=data, fsdp=fsdp, tensor=tensor, stage=stage, zero=zero, microbatches=m,
+        micro_batch=b, remat=remat, schedule=schedule if stage > 1 else "",
+        param_bytes=state.params, grad_bytes=grads, opt_bytes=state.optimizer,
+        activation_bytes=mem.activations, gathered_bytes=gathered, logits_bytes=mem.logits,
+        input_bytes=mem.inputs, budget_bytes=hw.usable_bytes, collectives=traffic.collectives,
+        comm_time={k: x for k, x in traffic.times.items() if x}, flops=work.flops,
+        model_flops=work.model_flops, compute_time=t.compute, bubble_time=t.bubble,
+        exposed_comm_time=t.exposed, update_time=t.update, step_time=t.step,
+        mfu=work.model_flops / (t.step * devices * peak), hfu=work.flops / (t.step * peak),
+        bottleneck=t.bottleneck, virtual=v, sequence_parallel=sp,
+    )  # fmt: skip
+
+
+def _check_layout(workload, data, fsdp, tensor, stage, m, schedule, virtual) -> tuple[int, int]:
+    """``(micro-batch size, virtual chunks)`` of a layout; raises on one that cannot run."""
+    replicas = data * fsdp
     if workload.batch % (replicas * m):
         raise ValueError(
             f"batch={workload.batch} is not divisible by data x fsdp x microbatches = "
             f"{data} x {fsdp} x {m}; fix: a batch that is a multiple of {replicas * m}."
         )
-    b = workload.batch // (replicas * m)
     v = virtual if (schedule == "interleaved" and stage > 1) else 1
     layers = getattr(workload, "layers", 0)
     if layers and stage * v > layers:
@@ -295,14 +374,6 @@ def evaluate(
             "needs virtual >= 2 and microbatches a multiple of the stage degree (Megatron); "
             f"fix: virtual=2, microbatches={max(stage, m // stage * stage)}."
         )
-    zero = zero if fsdp > 1 else 0
-    pf = pipe.facts(schedule, stage, m, v)  # steps, in-flight, bubble of the executor
-    head_on_busiest = True  # the busiest device computes the loss head (see tp_count)
-    prec = get_precision(workload.precision)
-    c = prec.compute
-    wb, _, _ = bytes_per_param(prec, workload.optimizer)
-    peak = hw.peak(prec.compute_dtype)
-
     if isinstance(workload, Transformer):
         if workload.heads % tensor or workload.ff % tensor:
             raise ValueError(
@@ -314,196 +385,87 @@ def evaluate(
                 f"layers={workload.layers} is not divisible by stage={stage}; fix: a stage "
                 "degree that divides the layer count, or Transformer(uneven_stages=True)."
             )
-        w = workload
-        n_stage = _stage_params(w, stage, tensor)
-        local_layers = -(-w.layers // stage)  # the busiest stage
-        layer_t = w.layer_matmul_params() / tensor + 2 * w.norm_params * w.d_model
-        sp = sequence_parallel and tensor > 1
-        a = max(c, act_bytes or hw.activation_upcast or c)  # bytes per kept activation
-        per_layer = layer_activation_bytes(
-            w, micro_batch=b, tensor=tensor, remat=remat, sequence_parallel=sp,
-            dot_bytes=dot_bytes or hw.dot_output_bytes, act_bytes=a,
-        )  # fmt: skip
-        in_flight = pf.in_flight  # shardkit.pipeline's own count (fused 1F1B: 2p - 1)
-        stored = per_layer * local_layers * in_flight
-        if stage > 1 and w.ends_on_every_stage:
-            # shardkit's executor embeds all m micro-batches before the schedule and collects
-            # their input cotangents after it: two [m, b, s, h] temporaries on every stage
-            stored += 2 * m * c * w.seq * b * w.d_model
-        # the block being differentiated: its cotangents, about as large as its residuals,
-        # and under "block" remat the recomputed residuals too ("dots" keeps the matmul
-        # outputs, the stash holds the rest); under tensor parallelism also one b x s x h
-        # partial-sum input gradient of a column-parallel kernel, live until its all-reduce
-        # (the compiler reduces each as it is produced; measured on shardkit's GPT, see
-        # docs/plan.md)
-        full = layer_activation_bytes(
-            w, micro_batch=b, tensor=tensor, remat="none", sequence_parallel=sp, act_bytes=a
+    elif tensor > 1 or stage > 1:
+        raise ValueError(
+            f"workload {workload.name!r} is a Dense model: only data and fsdp degrees apply; "
+            "fix: tensor=1, stage=1."
         )
-        partials = a * w.seq * b * w.d_model if tensor > 1 else 0.0
-        working = full * (2 if remat == "block" else 1) + partials / (tensor if sp else 1)
-        if remat == "block" and a > c:
-            # the MLP hidden tensors of that working set (2 per MLP matmul output, recomputed
-            # and cotangent: 4 b x s x F, 6 gated) are not upcast like the residual stream:
-            # XLA:CPU keeps the hidden's cotangent, its transpose for the weight-gradient
-            # matmul and the GELU-derivative product in the compute dtype, and only the GELU
-            # input in f32 (read off the compiled buffers live at the peak, docs/plan.md)
-            n_mlp = 2 * (3 if w.gated else 2)
-            working -= (n_mlp * a - ((n_mlp - 1) * c + a)) * w.seq * b * w.ff / tensor
-        rows = w.seq * b / (tensor if sp else 1)  # tokens a norm normalises
-        if hw.norm_input_bytes and hw.norm_input_bytes > a:
-            # XLA:CPU with bf16 dots keeps both norms' inputs in f32, as the model upcasts
-            # them, where the rest of the working set is bf16 (`Hardware.norm_input_bytes`)
-            working += 2 * (hw.norm_input_bytes - a) * rows * w.d_model
-        if hw.library_reduce_rows and rows >= hw.library_reduce_rows:
-            # XLA:CPU runs each norm's backward reduction as a YNNPACK library fusion that
-            # takes its operands as buffers: the rsqrt factor and the scale of both norms are
-            # broadcast to b x s x h in f32 and kept (`Hardware.library_reduce_rows`)
-            working += 2 * 2 * 4 * rows * w.d_model
-        hidden = 2 * a * w.seq * b * w.d_model / (tensor if sp else 1)
-        loss_phase = w.logits_bytes * w.seq * b * w.vocab / tensor + hidden
-        # the loss (logits and their gradient) and the backward pass through a block happen
-        # at different times: the peak holds the stash plus the larger of the two. The
-        # logits field is what the loss phase needs beyond the block's working set.
-        activations = stored + working
-        logits = max(0.0, loss_phase - working)
-        inputs = w.input_bytes_per_token * w.seq * b * m
-        table = w.vocab * w.d_model / tensor
-        if fsdp > 1 and zero == 3:
-            # under remat, the block being differentiated and the one prefetched behind it;
-            # a backend with synchronous collectives holds one (`Hardware.gathered_layers`)
-            layers_alive = local_layers if remat == "none" else (hw.gathered_layers or 2)
-            # XLA:CPU with f32 dots all-gathers bf16 weights in f32 (the fp32 -> bf16 cast
-            # sinks below the collective) and keeps the gathered copy in f32:
-            # `activation_upcast` bytes; with bf16 dots it gathers bf16 but the block's f32
-            # weight gradients take their place: `gathered_bytes` (`Hardware`, `cpu_habits`)
-            g = max(c, hw.gathered_bytes or hw.activation_upcast or c)
-            gathered = (layers_alive * layer_t + table * (2 if not w.tied else 1)) * g
-        else:
-            gathered = 0.0
-        tokens = w.batch * w.seq / replicas
-        layer_flops = 6 * w.layer_matmul_params() + 12 * w.seq * w.q_width
-        if remat == "block":  # the forward pass again, but for the MLP-down matmul, whose
-            # output only feeds the block output (dead code when recomputing gradients' inputs)
-            recompute = (w.layer_matmul_params() - w.d_model * w.ff) * 2
-            layer_flops += recompute + 4 * w.seq * w.q_width
-        head_flops = 6 * w.d_model * w.vocab
-        flops = tokens * (local_layers * layer_flops + head_flops) / tensor
-        if stage > 1 and remat == "block":  # the executor's residuals="recompute": each
-            # backward op first reruns its stage's forward for the block inputs of all but the
-            # first layer, then each block again under remat (measured: docs/plan.md)
-            forward = 2 * w.layer_matmul_params() + 4 * w.seq * w.q_width
-            flops += tokens * (local_layers - 1) * forward / tensor
-        model_flops = w.tokens * w.model_flops_per_token()
-        act_bytes_tp = c * w.seq * b * w.d_model
-        tp_count = (local_layers * _tp_all_reduces(w, remat) + 2) * m
-        if stage > 1 and w.ends_on_every_stage:  # shardkit's executor gathers the embedding
-            tp_count -= m  # table whole: no all-reduce of the lookups (see the all-gather)
-        if stage > 1 and remat == "block":  # the executor's residuals="recompute": a stage
-            # before the last runs each micro-batch's forward in its F op and again in its B
-            # op (the last stage's F only hands the micro-batch on; its B runs the forward
-            # with the head), so it all-reduces the forward's two per block twice and has no
-            # head; the busiest device is the one with more
-            first = local_layers * (_tp_all_reduces(w, remat) + 2) * m
-            if first > tp_count:
-                tp_count, head_on_busiest = first, False
-        block_c = local_layers * layer_t * c  # the scanned blocks' share of the weights
-        gather_calls = local_layers + 1  # each block, then embedding and head together
-    else:
-        w = workload
-        if tensor > 1 or stage > 1:
-            raise ValueError(
-                f"workload {w.name!r} is a Dense model: only data and fsdp degrees apply; "
-                "fix: tensor=1, stage=1."
-            )
-        n_stage = float(w.params)
-        activations = w.activation_bytes_per_example * b * c / 2
-        logits = 0.0
-        inputs = w.input_bytes_per_example * b * m
-        gathered = 2 * w.largest_layer_params * c if (fsdp > 1 and zero == 3) else 0.0
-        flops = w.flops_per_example * w.batch / replicas
-        model_flops = w.flops_per_example * w.batch
-        act_bytes_tp, tp_count, sp = 0.0, 0, False
-        block_c = float(w.params) * c
-        gather_calls = max(w.layers, 1)
+    return workload.batch // (replicas * m), v
 
-    state = model_state_bytes(n_stage, zero=zero, shards=max(fsdp, 1), precision=prec,
-                              optimizer=w.optimizer)  # fmt: skip
-    # fp32 weights (no master copy): each micro-batch's gradients exist next to the
-    # accumulator; with a master copy they accumulate in place into the main gradient buffer
-    grads = state.grads * (2 if m > 1 and prec.master == 0 else 1)
-    if m > 1 and prec.master == 0 and hw.accumulated_grad_bytes:
-        # both copies held as the weight-gradient dots produce them (XLA:CPU with bf16
-        # dots: bf16 under bf16 compute, `Hardware.accumulated_grad_bytes`)
-        grads *= max(c, hw.accumulated_grad_bytes) / prec.grads
-    if prec.params != c:  # fp32 weights cast to the compute dtype
-        gathered += n_stage / (fsdp if zero == 3 else 1) * c
 
-    # -- communication ------------------------------------------------------------------
-    coll: dict[str, float] = {}
-    times = {"tensor": 0.0, "fsdp": 0.0, "data": 0.0, "stage": 0.0}
-    across = dict.fromkeys(times, 0.0)  # the part of each axis' time spent across domains
+class _Compute(NamedTuple):
+    """A layout's FLOPs per device and the tensor-parallel traffic its blocks make."""
 
-    def add(kind, nbytes, count, axis, size, inner):
-        if size <= 1 or count <= 0:
-            return
-        coll[kind] = coll.get(kind, 0.0) + count * comm.bytes_moved(kind, nbytes, size)
-        intra, inter = comm.collective_time_parts(kind, nbytes, size, hw, inner=inner)
-        times[axis] += count * (intra + inter)
-        across[axis] += count * inter
+    flops: float  # executed, recompute included
+    model_flops: float  # the whole step's model FLOPs, no recompute
+    activation_bytes: float  # one b x s x h activation (tensor all-reduces, pipeline sends)
+    tp_count: int  # tensor all-reduces per step on the busiest device
+    head_on_busiest: bool  # whether the busiest device computes the loss head
 
-    weights_c = n_stage * c
-    per_micro = (0.0, 0.0)  # seconds of traffic repeated per micro-batch (total, across)
-    if fsdp > 1 and zero == 3:  # gathered and reduced one layer at a time
-        passes = 1 if remat == "none" else 2
-        calls = gather_calls
-        # the blocks are gathered again when remat recomputes them; the embedding, head and
-        # final norm live outside the scanned, rematerialised blocks and are gathered once
-        blocks = calls - 1 if isinstance(w, Transformer) else calls
-        add("all-gather", block_c / blocks, passes * m * blocks, "fsdp", fsdp, tensor)
-        add("all-gather", weights_c - block_c, m, "fsdp", fsdp, tensor)
-        add("reduce-scatter", weights_c / calls, m * calls, "fsdp", fsdp, tensor)
-        per_micro = (times["fsdp"], across["fsdp"])
-    elif fsdp > 1:
-        add("reduce-scatter", weights_c, 1, "fsdp", fsdp, tensor)
-        add("all-gather", n_stage * wb, 1, "fsdp", fsdp, tensor)
-    add("all-reduce", weights_c / max(fsdp, 1), 1, "data", data, tensor * fsdp)
-    if sp:  # all-gather before and reduce-scatter after each pair of tensor-parallel matmuls
-        add("all-gather", act_bytes_tp, tp_count, "tensor", tensor, 1)
-        add("reduce-scatter", act_bytes_tp, tp_count, "tensor", tensor, 1)
-    else:
-        add("all-reduce", act_bytes_tp, tp_count, "tensor", tensor, 1)
-    if isinstance(w, Transformer) and head_on_busiest:  # vocab-parallel softmax: max, sum and
-        # the target logit (f32), on the last stage
-        add("all-reduce", 4 * w.seq * b, 3 * m, "tensor", tensor, 1)
-    add("all-reduce", 4, 1, "data", replicas, tensor)  # the loss, averaged over the batch
-    sends = act_bytes_tp / (tensor if sp else 1)  # SP sends each rank's slice of the sequence
-    # the lockstep executor sends an activation and a gradient every step, idle lanes too
-    add("collective-permute", sends, 2 * pf.steps, "stage", stage, tensor * fsdp * data)
-    if stage > 1 and getattr(w, "ends_on_every_stage", False):
-        # the input cotangent (for the embedding) and the head's gradients, summed over stage
-        head = w.norm_params * w.d_model + w.vocab * w.d_model / tensor
-        add("all-reduce", act_bytes_tp * m, 1, "stage", stage, tensor * fsdp * data)
-        add("all-reduce", head * c, 1, "stage", stage, tensor * fsdp * data)
-        # the embedding table, all-gathered whole from its "tensor" pieces once per step
-        add("all-gather", w.vocab * w.d_model * c, 1, "tensor", tensor, 1)
 
-    # -- time -----------------------------------------------------------------------------
-    compute = flops / (peak * hw.mfu_ceiling)
+def _transformer_compute(w, *, b, m, tensor, stage, remat, replicas, local_layers) -> _Compute:
+    c = get_precision(w.precision).compute
+    tokens = w.batch * w.seq / replicas
+    layer_flops = 6 * w.layer_matmul_params() + 12 * w.seq * w.q_width
+    if remat == "block":  # the forward pass again, but for the MLP-down matmul, whose
+        # output only feeds the block output (dead code when recomputing gradients' inputs)
+        recompute = (w.layer_matmul_params() - w.d_model * w.ff) * 2
+        layer_flops += recompute + 4 * w.seq * w.q_width
+    head_flops = 6 * w.d_model * w.vocab
+    flops = tokens * (local_layers * layer_flops + head_flops) / tensor
+    if stage > 1 and remat == "block":  # the executor's residuals="recompute": each
+        # backward op first reruns its stage's forward for the block inputs of all but the
+        # first layer, then each block again under remat (measured: docs/plan.md)
+        forward = 2 * w.layer_matmul_params() + 4 * w.seq * w.q_width
+        flops += tokens * (local_layers - 1) * forward / tensor
+    head_on_busiest = True
+    tp_count = (local_layers * _tp_all_reduces(w, remat) + 2) * m
+    if stage > 1 and w.ends_on_every_stage:  # shardkit's executor gathers the embedding
+        tp_count -= m  # table whole: no all-reduce of the lookups (see the all-gather)
+    if stage > 1 and remat == "block":  # the executor's residuals="recompute": a stage
+        # before the last runs each micro-batch's forward in its F op and again in its B
+        # op (the last stage's F only hands the micro-batch on; its B runs the forward
+        # with the head), so it all-reduces the forward's two per block twice and has no
+        # head; the busiest device is the one with more
+        first = local_layers * (_tp_all_reduces(w, remat) + 2) * m
+        if first > tp_count:
+            tp_count, head_on_busiest = first, False
+    return _Compute(
+        flops=flops,
+        model_flops=w.tokens * w.model_flops_per_token(),
+        activation_bytes=c * w.seq * b * w.d_model,
+        tp_count=tp_count,
+        head_on_busiest=head_on_busiest,
+    )
+
+
+class _Time(NamedTuple):
+    compute: float
+    bubble: float
+    exposed: float
+    update: float
+    step: float
+    bottleneck: str
+
+
+def _step_time(compute: float, traffic: comm.Traffic, bubble_fraction: float, m: int,
+               state: Any, hw: Hardware) -> _Time:  # fmt: skip
+    """Step time: the pipeline's lockstep work stretched by its bubble, the data-parallel and
+    FSDP traffic compute cannot hide, and the optimizer update at HBM bandwidth."""
+    times, across = traffic.times, traffic.across
     core_work = compute + times["tensor"] + times["stage"]
-    core = core_work / (1 - pf.bubble)  # lockstep: x (m + p - 1) / m for GPipe and 1F1B
+    core = core_work / (1 - bubble_fraction)  # lockstep: x (m + p - 1) / m for GPipe and 1F1B
     bubble = core - core_work
     # ZeRO-3 traffic recurs per micro-batch and overlaps the whole step; the once-per-step
     # gradient reduction (and ZeRO-1's gather) waits for the last micro-batch's backward
     # pass (after the pipeline flush), so only that much compute can hide it.
-    micro, micro_across = per_micro
+    micro, micro_across = traffic.per_micro
     once = times["fsdp"] + times["data"] - micro
     once_across = across["fsdp"] + across["data"] - micro_across
     exposed = _exposed(micro, micro_across, core, hw) + _exposed(
         once, once_across, core_work / m, hw
     )
     update = 2 * (state.params + state.grads + state.optimizer) / hw.hbm_bw
-    step = core + exposed + update
-    devices = replicas * tensor * stage
     parts = {
         "compute": compute,
         "tensor all-reduces": times["tensor"],
@@ -511,18 +473,8 @@ def evaluate(
         "pipeline sends": times["stage"],
         "fsdp/data communication": times["fsdp"] + times["data"],  # before overlap
     }
-    bottleneck = max(parts, key=parts.get)
-    return Candidate(
-        data=data, fsdp=fsdp, tensor=tensor, stage=stage, zero=zero, microbatches=m,
-        micro_batch=b, remat=remat, schedule=schedule if stage > 1 else "",
-        param_bytes=state.params, grad_bytes=grads, opt_bytes=state.optimizer,
-        activation_bytes=activations, gathered_bytes=gathered, logits_bytes=logits,
-        input_bytes=inputs, budget_bytes=hw.usable_bytes, collectives=coll,
-        comm_time={k: t for k, t in times.items() if t}, flops=flops, model_flops=model_flops,
-        compute_time=compute, bubble_time=bubble, exposed_comm_time=exposed,
-        update_time=update, step_time=step, mfu=model_flops / (step * devices * peak),
-        hfu=flops / (step * peak), bottleneck=bottleneck, virtual=v, sequence_parallel=sp,
-    )  # fmt: skip
+    return _Time(compute, bubble, exposed, update, core + exposed + update,
+                 max(parts, key=parts.get))  # fmt: skip
 
 
 def _exposed(total: float, across: float, window: float, hw: Hardware) -> float:

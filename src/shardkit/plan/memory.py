@@ -247,6 +247,130 @@ def activation_terms(
     raise ValueError(f"unknown remat policy {remat!r}; fix: 'none', 'dots' or 'block'.")
 
 
+@dataclasses.dataclass(frozen=True)
+class ActivationMemory:
+    """A transformer layout's memory beyond the model state, per device (bytes).
+
+    Attributes:
+        activations: the stash the busiest stage keeps for its in-flight micro-batches plus
+            the working set of the block being differentiated.
+        logits: what the loss phase needs beyond that working set (logits and their gradient
+            never live together with the block backward).
+        inputs: the batch of token ids (or inputs) for all micro-batches.
+        gathered: ZeRO-3-gathered weights alive at the peak.
+    """
+
+    activations: float
+    logits: float
+    inputs: float
+    gathered: float
+
+
+def transformer_memory(
+    w: Any,
+    hw: Any,
+    *,
+    micro_batch: int,
+    microbatches: int,
+    tensor: int,
+    stage: int,
+    fsdp: int,
+    zero: int,
+    remat: str,
+    in_flight: int,
+    local_layers: int,
+    layer_params: float,
+    sequence_parallel: bool,
+    dot_bytes: int | None,
+    act_bytes: int | None,
+) -> ActivationMemory:
+    """Activation, loss-phase, input and gathered-weight bytes of one transformer layout.
+
+    Args:
+        w: the `Transformer`.
+        hw: the `Hardware` whose compiler habits apply (`activation_upcast`, `dot_output_bytes`,
+            `norm_input_bytes`, `library_reduce_rows`, `gathered_layers`, `gathered_bytes`).
+        micro_batch, microbatches: b and m per data replica.
+        tensor, stage, fsdp, zero: the layout.
+        remat: "none", "dots" or "block".
+        in_flight: micro-batches the busiest stage holds (`shardkit.pipeline`'s tables).
+        local_layers: blocks on the busiest stage.
+        layer_params: one block's parameters on a device (tensor-split matmuls, whole norms).
+        sequence_parallel: Megatron sequence parallelism over "tensor".
+        dot_bytes, act_bytes: overrides of the habits' matmul-output and activation bytes.
+    """
+    b, m, sp = micro_batch, microbatches, sequence_parallel
+    c = get_precision(w.precision).compute
+    a = max(c, act_bytes or hw.activation_upcast or c)  # bytes per kept activation
+    per_layer = layer_activation_bytes(
+        w, micro_batch=b, tensor=tensor, remat=remat, sequence_parallel=sp,
+        dot_bytes=dot_bytes or hw.dot_output_bytes, act_bytes=a,
+    )  # fmt: skip
+    stored = per_layer * local_layers * in_flight
+    if stage > 1 and w.ends_on_every_stage:
+        # shardkit's executor embeds all m micro-batches before the schedule and collects
+        # their input cotangents after it: two [m, b, s, h] temporaries on every stage
+        stored += 2 * m * c * w.seq * b * w.d_model
+    working = _working_set(w, hw, b=b, tensor=tensor, remat=remat, sp=sp, a=a, c=c)
+    hidden = 2 * a * w.seq * b * w.d_model / (tensor if sp else 1)
+    loss_phase = w.logits_bytes * w.seq * b * w.vocab / tensor + hidden
+    # the loss (logits and their gradient) and the backward pass through a block happen
+    # at different times: the peak holds the stash plus the larger of the two. The
+    # logits field is what the loss phase needs beyond the block's working set.
+    table = w.vocab * w.d_model / tensor
+    if fsdp > 1 and zero == 3:
+        # under remat, the block being differentiated and the one prefetched behind it;
+        # a backend with synchronous collectives holds one (`Hardware.gathered_layers`)
+        layers_alive = local_layers if remat == "none" else (hw.gathered_layers or 2)
+        # XLA:CPU with f32 dots all-gathers bf16 weights in f32 (the fp32 -> bf16 cast
+        # sinks below the collective) and keeps the gathered copy in f32:
+        # `activation_upcast` bytes; with bf16 dots it gathers bf16 but the block's f32
+        # weight gradients take their place: `gathered_bytes` (`Hardware`, `cpu_habits`)
+        g = max(c, hw.gathered_bytes or hw.activation_upcast or c)
+        gathered = (layers_alive * layer_params + table * (2 if not w.tied else 1)) * g
+    else:
+        gathered = 0.0
+    return ActivationMemory(
+        activations=stored + working,
+        logits=max(0.0, loss_phase - working),
+        inputs=w.input_bytes_per_token * w.seq * b * m,
+        gathered=gathered,
+    )
+
+
+def _working_set(w: Any, hw: Any, *, b: int, tensor: int, remat: str, sp: bool, a: int, c: int):
+    """Bytes of the block being differentiated, at the peak of its backward pass."""
+    # its cotangents, about as large as its residuals, and under "block" remat the
+    # recomputed residuals too ("dots" keeps the matmul outputs, the stash holds the rest);
+    # under tensor parallelism also one b x s x h partial-sum input gradient of a
+    # column-parallel kernel, live until its all-reduce (the compiler reduces each as it is
+    # produced; measured on shardkit's GPT, see docs/plan.md)
+    full = layer_activation_bytes(
+        w, micro_batch=b, tensor=tensor, remat="none", sequence_parallel=sp, act_bytes=a
+    )
+    partials = a * w.seq * b * w.d_model if tensor > 1 else 0.0
+    working = full * (2 if remat == "block" else 1) + partials / (tensor if sp else 1)
+    if remat == "block" and a > c:
+        # the MLP hidden tensors of that working set (2 per MLP matmul output, recomputed
+        # and cotangent: 4 b x s x F, 6 gated) are not upcast like the residual stream:
+        # XLA:CPU keeps the hidden's cotangent, its transpose for the weight-gradient
+        # matmul and the GELU-derivative product in the compute dtype, and only the GELU
+        # input in f32 (read off the compiled buffers live at the peak, docs/plan.md)
+        n_mlp = 2 * (3 if w.gated else 2)
+        working -= (n_mlp * a - ((n_mlp - 1) * c + a)) * w.seq * b * w.ff / tensor
+    rows = w.seq * b / (tensor if sp else 1)  # tokens a norm normalises
+    if hw.norm_input_bytes and hw.norm_input_bytes > a:
+        # XLA:CPU with bf16 dots keeps both norms' inputs in f32, as the model upcasts
+        # them, where the rest of the working set is bf16 (`Hardware.norm_input_bytes`)
+        working += 2 * (hw.norm_input_bytes - a) * rows * w.d_model
+    if hw.library_reduce_rows and rows >= hw.library_reduce_rows:
+        # XLA:CPU runs each norm's backward reduction as a YNNPACK library fusion that
+        # takes its operands as buffers: the rsqrt factor and the scale of both norms are
+        # broadcast to b x s x h in f32 and kept (`Hardware.library_reduce_rows`)
+        working += 2 * 2 * 4 * rows * w.d_model
+    return working
+
+
 def bubble_fraction(stages: int, microbatches: int, virtual: int = 1) -> float:
     """Idle share of a pipelined step: (p-1)/(v m + p-1) (GPipe/1F1B when v = 1).
 

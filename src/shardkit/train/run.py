@@ -9,12 +9,37 @@ import dataclasses
 import json
 import math
 import pathlib
+import shutil
 import time
+from collections.abc import Callable
 from typing import Any
 
-from shardkit.common import path_str
+import jax
+import optax
+from flax import nnx
+from jax.experimental import multihost_utils
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from shardkit.common import format_bytes, path_str
 from shardkit.compat import version_line
+from shardkit.inspection import inspect
+from shardkit.inspection.hlo import collective_counts
+from shardkit.layout import spec_notation
+from shardkit.linter import lint
+from shardkit.mesh import describe_mesh
+from shardkit.models import GPT, GPTConfig, lm_loss
+from shardkit.plan import Transformer, plan
+from shardkit.plan.hardware import known_hardware
+from shardkit.strategies import Auto, from_name
+from shardkit.train.checkpoint import Checkpointer
 from shardkit.train.config import TrainConfig
+from shardkit.train.data import ReverseTask, TokenFile
+from shardkit.train.metrics import History, Progress, host_matmul_flops
+from shardkit.train.pipeline_view import pipeline_rows
+from shardkit.train.report import write_report
+from shardkit.train.trainer import Trainer
 
 
 @dataclasses.dataclass
@@ -35,7 +60,6 @@ class RunResult:
 
 
 def _devices(cfg: TrainConfig):
-    import jax
 
     devices = jax.devices()
     if len(devices) < cfg.devices:
@@ -48,7 +72,6 @@ def _devices(cfg: TrainConfig):
 
 
 def _data(cfg: TrainConfig):
-    from shardkit.train.data import ReverseTask, TokenFile
 
     if cfg.data:
         return TokenFile(path=cfg.data, seq_len=cfg.seq_len, seed=cfg.seed)
@@ -57,7 +80,6 @@ def _data(cfg: TrainConfig):
 
 def model_config(cfg: TrainConfig, data):
     """The GPT configuration of a run: sizes from `cfg`, vocabulary and length from `data`."""
-    from shardkit.models import GPTConfig
 
     return GPTConfig(
         vocab=data.vocab,
@@ -81,7 +103,6 @@ def hardware_profile(devices) -> str:
     Raises:
         ValueError: for an accelerator with no profile (names the known ones).
     """
-    from shardkit.plan.hardware import known_hardware
 
     device = devices[0]
     if device.platform == "cpu":
@@ -103,7 +124,6 @@ def auto_plan(cfg: TrainConfig, model_cfg, devices):
     (data x tensor x stage) compete with the others. The first row shardkit runs
     (`runnable_best`) is the one trained.
     """
-    from shardkit.plan import Transformer, plan
 
     workload = Transformer.from_gpt_config(
         model_cfg,
@@ -132,7 +152,6 @@ def runnable_best(planned):
 
 def plan_rows(planned, top: int = 3) -> list[str]:
     """One line per top layout of a plan: layout, remat, peak memory, step time, MFU."""
-    from shardkit.layout import format_bytes
 
     rows = []
     for c in planned.top(top):
@@ -150,14 +169,6 @@ def build_trainer(cfg: TrainConfig, devices=None, *, planned=None):
     With `--strategy auto` the strategy is the top row of `planned` (from `auto_plan`), or of
     a fresh plan when none is given, and `trainer.strategy_reason` is the plan's why.
     """
-    import jax
-    import optax
-    from flax import nnx
-
-    from shardkit.models import GPT, lm_loss
-    from shardkit.strategies import Auto, from_name
-    from shardkit.train.trainer import Trainer
-
     data = _data(cfg)
     model_cfg = model_config(cfg, data)
     warmup = min(cfg.warmup, cfg.steps - 1)
@@ -193,9 +204,6 @@ def build_trainer(cfg: TrainConfig, devices=None, *, planned=None):
 
 def layout_rows(trainer) -> list[dict[str, Any]]:
     """One row per parameter: path, shape, logical names, layout, bytes per device."""
-    import jax
-
-    from shardkit.layout import format_bytes, spec_notation
 
     sizes = dict(trainer.mesh.shape)
     flat = jax.tree_util.tree_flatten_with_path(trainer.abstract_params)[0]
@@ -223,7 +231,6 @@ def layout_rows(trainer) -> list[dict[str, Any]]:
 
 
 def _print_table(console, rows, title):
-    from rich.table import Table
 
     table = Table(title=title, title_justify="left", show_lines=False)
     for col in rows[0]:
@@ -235,16 +242,11 @@ def _print_table(console, rows, title):
 
 def audit_step(trainer, compiled) -> tuple[list[dict], list[str], list[dict], Any]:
     """Compares the compiled step's collectives with the strategy's; reads memory per device."""
-    from shardkit.inspection.hlo import collective_counts
-    from shardkit.layout import format_bytes
-
     counts = collective_counts(compiled.as_text())
     expected = trainer.strategy.expected_collectives(trainer.mesh)
     problems = expected.check(counts)
     report = None
     try:
-        from shardkit.inspection import inspect
-
         report = inspect(compiled, mesh=trainer.mesh)
     except Exception:  # noqa: BLE001 - the detailed audit is optional; counts suffice
         report = None
@@ -278,8 +280,6 @@ def audit_step(trainer, compiled) -> tuple[list[dict], list[str], list[dict], An
 
 def _fresh_checkpoints(cfg: TrainConfig, say) -> None:
     """Without --resume, old checkpoints would collide with the new run's steps."""
-    import shutil
-
     folder = pathlib.Path(cfg.checkpoints)
     if cfg.resume or not folder.exists() or not any(folder.iterdir()):
         return
@@ -293,96 +293,124 @@ def _fresh_checkpoints(cfg: TrainConfig, say) -> None:
     )
 
 
-def train(cfg: TrainConfig, *, console: Any = None, quiet: bool = False) -> RunResult:
-    """Runs `shardkit train` for `cfg`: plan, layouts, training, audit, checkpoints, report.
+@dataclasses.dataclass
+class _Run:
+    """What the phases of one `shardkit train` share, built once by `_set_up`."""
 
-    Args:
-        cfg: a `TrainConfig`.
-        console: a rich Console (default a new one); output goes there.
-        quiet: print only the final summary (no tables or progress bar).
+    cfg: TrainConfig
+    console: Any
+    say: Callable[..., None]
+    quiet: bool
+    primary: bool  # several processes: process 0 prints and reports
+    devices: list
+    planned: Any
+    trainer: Any
+    data: Any
+    model_cfg: Any
+    why: str
+    layout: list[dict[str, Any]]
+    lint_report: Any
+    pipe_rows: dict | None
 
-    Returns:
-        A `RunResult`.
-    """
-    import jax
-    from rich.console import Console
-    from rich.markup import escape
 
-    from shardkit.linter import lint
-    from shardkit.mesh import describe_mesh
-    from shardkit.train.checkpoint import Checkpointer
-    from shardkit.train.metrics import History, Progress, host_matmul_flops
-    from shardkit.train.report import write_report
-
+def _set_up(cfg: TrainConfig, console: Any, quiet: bool) -> _Run:
+    """Devices, the planner's choice (``--strategy auto``), the Trainer and its layouts."""
     jax.config.update("jax_threefry_partitionable", True)
-    primary = jax.process_index() == 0  # several processes: process 0 prints and reports
+    primary = jax.process_index() == 0
     quiet = quiet or not primary
     console = console or Console()
-    say = (lambda *a, **k: None) if quiet else console.print
     devices = _devices(cfg)
     planned = None
     if cfg.strategy.strip().lower() == "auto":
         planned = auto_plan(cfg, model_config(cfg, _data(cfg)), devices)
     trainer, data, model_cfg = build_trainer(cfg, devices, planned=planned)
-    mesh = trainer.mesh
-    why = trainer.strategy_reason or f"chosen with --strategy {cfg.strategy}"
+    pipe_rows = None
+    if trainer.pipeline is not None:
+        pipe_rows = pipeline_rows(trainer.pipeline, cfg.out if cfg.report else None)
+    return _Run(
+        cfg=cfg,
+        console=console,
+        say=(lambda *a, **k: None) if quiet else console.print,
+        quiet=quiet,
+        primary=primary,
+        devices=devices,
+        planned=planned,
+        trainer=trainer,
+        data=data,
+        model_cfg=model_cfg,
+        why=trainer.strategy_reason or f"chosen with --strategy {cfg.strategy}",
+        layout=layout_rows(trainer),
+        lint_report=lint(trainer.abstract_params, trainer.param_specs, trainer.mesh),
+        pipe_rows=pipe_rows,
+    )
+
+
+def _show_set_up(run: _Run) -> None:
+    """The header: versions, devices, plan, mesh, strategy, model, parameter layouts."""
+    say, trainer, mesh, m = run.say, run.trainer, run.trainer.mesh, run.model_cfg
     say(f"[bold]versions[/] {escape(version_line())}")
-    say(f"[bold]devices[/]  {len(devices)} x {devices[0].device_kind} ({jax.default_backend()})")
-    if planned is not None and not quiet:
-        where = f"{len(devices)} x {planned.hardware.name}"
+    say(
+        f"[bold]devices[/]  {len(run.devices)} x {run.devices[0].device_kind} "
+        f"({jax.default_backend()})"
+    )
+    if run.planned is not None and not run.quiet:
+        where = f"{len(run.devices)} x {run.planned.hardware.name}"
         say(f"[bold]plan[/]     the planner's top layouts on {where}, fastest first:")
-        for i, row in enumerate(plan_rows(planned), 1):
+        for i, row in enumerate(plan_rows(run.planned), 1):
             say(f"         {i}. " + escape(row))
     say(f"[bold]mesh[/]     {describe_mesh(mesh)}")
     say(f"[bold]strategy[/] {trainer.strategy.describe(mesh)}")
-    say("[bold]why[/]      " + escape(why))
+    say("[bold]why[/]      " + escape(run.why))
     n_params = sum(math.prod(x.shape) for x in jax.tree.leaves(trainer.abstract_params))
     say(
-        f"[bold]model[/]    GPT d_model={model_cfg.d_model} layers={model_cfg.n_layers} "
-        f"heads={model_cfg.n_heads} d_ff={model_cfg.ff} vocab={model_cfg.vocab} "
-        f"seq={model_cfg.seq_len} remat={model_cfg.remat}: {n_params:,} parameters"
+        f"[bold]model[/]    GPT d_model={m.d_model} layers={m.n_layers} heads={m.n_heads} "
+        f"d_ff={m.ff} vocab={m.vocab} seq={m.seq_len} remat={m.remat}: {n_params:,} parameters"
     )
-    pipe_rows = None
-    if trainer.pipeline is not None:
-        from shardkit.train.pipeline_view import pipeline_rows
+    for key, value in (run.pipe_rows or {}).items():
+        say(f"[bold]pipeline[/] {key}: {value}")
+    if not run.quiet:
+        _print_table(run.console, run.layout, "parameter layouts")
+        say(run.lint_report.summary())
 
-        pipe_rows = pipeline_rows(trainer.pipeline, cfg.out if cfg.report else None)
-        for key, value in pipe_rows.items():
-            say(f"[bold]pipeline[/] {key}: {value}")
-    rows = layout_rows(trainer)
-    report_lint = lint(trainer.abstract_params, trainer.param_specs, mesh)
-    if not quiet:
-        _print_table(console, rows, "parameter layouts")
-        say(report_lint.summary())
 
-    if primary:
-        _fresh_checkpoints(cfg, say)
+def _start(run: _Run) -> tuple[Checkpointer, dict, Any]:
+    """The checkpoint folder (checked fresh, or resumed from) and the first state."""
+    cfg = run.cfg
+    if run.primary:
+        _fresh_checkpoints(cfg, run.say)
     if jax.process_count() > 1:
-        from jax.experimental import multihost_utils
-
         multihost_utils.sync_global_devices("shardkit train: checkpoint folder ready")
     ckpt = Checkpointer(cfg.checkpoints, save_every=cfg.save_every, max_to_keep=cfg.keep)
-    meta = {"model": dataclasses.asdict(model_cfg), "strategy": repr(trainer.strategy)}
+    meta = {"model": dataclasses.asdict(run.model_cfg), "strategy": repr(run.trainer.strategy)}
     if cfg.resume and ckpt.latest_step() is not None:
-        state = ckpt.restore(trainer)
-        say(f"[bold]resumed[/]  step {int(state.step)} from {ckpt.directory}")
+        state = ckpt.restore(run.trainer)
+        run.say(f"[bold]resumed[/]  step {int(state.step)} from {ckpt.directory}")
     else:
-        state = trainer.init(cfg.seed)
-    start = int(jax.device_get(state.step))
+        state = run.trainer.init(cfg.seed)
+    return ckpt, meta, state
 
+
+def _loop(run: _Run, ckpt: Checkpointer, meta: dict, state: Any):
+    """Compiles the step, then trains to ``cfg.steps`` with progress and checkpoints.
+
+    Returns ``(state, history, compiled step, compile seconds)``.
+    """
+    cfg, trainer = run.cfg, run.trainer
+    start = int(jax.device_get(state.step))
     t0 = time.perf_counter()
-    first = trainer.load_batch(data, start, batch_size=cfg.batch)
+    first = trainer.load_batch(run.data, start, batch_size=cfg.batch)
     compiled = trainer.compile_step(first)
     compile_s = time.perf_counter() - t0
-    say(f"[bold]compiled[/] training step in {compile_s:.1f} s")
+    run.say(f"[bold]compiled[/] training step in {compile_s:.1f} s")
 
     history = History()
-    tokens_per_step = cfg.batch * model_cfg.seq_len
-    metrics = {}
+    tokens_per_step = cfg.batch * run.model_cfg.seq_len
     window_t, window_n = time.perf_counter(), 0
-    with Progress(cfg.steps, start=start, console=console, enabled=not quiet) as bar:
+    with Progress(cfg.steps, start=start, console=run.console, enabled=not run.quiet) as bar:
         for step in range(start, cfg.steps):
-            batch = first if step == start else trainer.load_batch(data, step, batch_size=cfg.batch)
+            batch = (
+                first if step == start else trainer.load_batch(run.data, step, batch_size=cfg.batch)
+            )
             state, metrics = trainer.step(state, batch)
             window_n += 1
             done = step + 1
@@ -400,32 +428,30 @@ def train(cfg: TrainConfig, *, console: Any = None, quiet: bool = False) -> RunR
                 )
     ckpt.save(state, meta=meta, force=int(jax.device_get(state.step)) not in ckpt.all_steps())
     ckpt.wait()
+    return state, history, compiled, compile_s
 
+
+def _evaluate(run: _Run, params: Any) -> tuple[float, float]:
+    """Held-out ``(accuracy, loss)``, averaged over ``cfg.eval_batches`` batches."""
+    cfg = run.cfg
     evals = [
-        trainer.evaluate(
-            state.params,
-            trainer.load_batch(data, 10**9 + i, batch_size=cfg.batch, for_eval=True),
+        run.trainer.evaluate(
+            params, run.trainer.load_batch(run.data, 10**9 + i, batch_size=cfg.batch, for_eval=True)
         )
         for i in range(cfg.eval_batches)
     ]
-    eval_acc = float(sum(float(e.get("accuracy", 0.0)) for e in evals) / len(evals))
-    eval_loss = float(sum(float(e["loss"]) for e in evals) / len(evals))
+    accuracy = float(sum(float(e.get("accuracy", 0.0)) for e in evals) / len(evals))
+    loss = float(sum(float(e["loss"]) for e in evals) / len(evals))
+    return accuracy, loss
 
-    coll_rows, problems, memory, audit = audit_step(trainer, compiled)
-    if not quiet:
-        _print_table(console, coll_rows, "audit: collectives of the compiled step")
-        say(
-            "[green]collectives match the strategy[/]"
-            if not problems
-            else "[red]" + "; ".join(problems) + "[/]"
-        )
-        _print_table(console, memory, "audit: memory per device (compiled step)")
 
+def _summary(run, history, eval_acc, eval_loss, compile_s, ckpt) -> tuple[dict, float]:
+    """The run's summary table (also `summary.json`) and its median tokens/s."""
     tok_s = sorted(history.column("tokens_per_s"))[len(history.rows) // 2] if history.rows else 0.0
     peak = host_matmul_flops() if jax.default_backend() == "cpu" else float("nan")
-    achieved = model_cfg.flops_per_token() * tok_s
+    achieved = run.model_cfg.flops_per_token() * tok_s
     summary = {
-        "steps": cfg.steps,
+        "steps": run.cfg.steps,
         "final training loss": f"{history.last('loss'):.4f}",
         "held-out accuracy": f"{eval_acc:.3f}",
         "held-out loss": f"{eval_loss:.4f}",
@@ -437,39 +463,74 @@ def train(cfg: TrainConfig, *, console: Any = None, quiet: bool = False) -> RunR
         "compile time": f"{compile_s:.1f} s",
         "checkpoints": f"{ckpt.directory} steps {ckpt.all_steps()}",
     }
-    report_path = None
-    if cfg.report and primary:
-        report_path = write_report(
-            cfg.out,
-            summary=summary,
-            plan={
-                "devices": f"{len(devices)} x {devices[0].device_kind}",
-                "mesh": describe_mesh(mesh),
-                "strategy": trainer.strategy.describe(mesh),
-                "why": why,
-                "expected collectives": "; ".join(
-                    f"{' or '.join(sorted(g))}: {w}"
-                    for g, w in zip(
-                        trainer.strategy.expected_collectives(mesh).required,
-                        trainer.strategy.expected_collectives(mesh).why,
-                        strict=True,
-                    )
-                )
-                or "none",
-            },
-            layout_rows=rows,
-            lint_summary=report_lint.summary(),
-            collective_rows=coll_rows,
-            collective_problems=problems,
-            memory_rows=memory,
-            history=history,
-            audit_html=audit.to_html() if audit is not None else None,
-            config=cfg.to_dict(),
-            pipeline=pipe_rows,
+    return summary, tok_s
+
+
+def _report(run, summary, coll_rows, problems, memory, audit, history):
+    """Writes the HTML report and `summary.json` into ``cfg.out``; returns the report's path."""
+    cfg, trainer, mesh = run.cfg, run.trainer, run.trainer.mesh
+    expected = trainer.strategy.expected_collectives(mesh)
+    path = write_report(
+        cfg.out,
+        summary=summary,
+        plan={
+            "devices": f"{len(run.devices)} x {run.devices[0].device_kind}",
+            "mesh": describe_mesh(mesh),
+            "strategy": trainer.strategy.describe(mesh),
+            "why": run.why,
+            "expected collectives": "; ".join(
+                f"{' or '.join(sorted(g))}: {w}"
+                for g, w in zip(expected.required, expected.why, strict=True)
+            )
+            or "none",
+        },
+        layout_rows=run.layout,
+        lint_summary=run.lint_report.summary(),
+        collective_rows=coll_rows,
+        collective_problems=problems,
+        memory_rows=memory,
+        history=history,
+        audit_html=audit.to_html() if audit is not None else None,
+        config=cfg.to_dict(),
+        pipeline=run.pipe_rows,
+    )
+    (pathlib.Path(cfg.out) / "summary.json").write_text(json.dumps(summary, indent=1))
+    return path
+
+
+def train(cfg: TrainConfig, *, console: Any = None, quiet: bool = False) -> RunResult:
+    """Runs `shardkit train` for `cfg`: plan, layouts, training, audit, checkpoints, report.
+
+    Args:
+        cfg: a `TrainConfig`.
+        console: a rich Console (default a new one); output goes there.
+        quiet: print only the final summary (no tables or progress bar).
+
+    Returns:
+        A `RunResult`.
+    """
+    run = _set_up(cfg, console, quiet)
+    _show_set_up(run)
+    ckpt, meta, state = _start(run)
+    state, history, compiled, compile_s = _loop(run, ckpt, meta, state)
+    eval_acc, eval_loss = _evaluate(run, state.params)
+
+    coll_rows, problems, memory, audit = audit_step(run.trainer, compiled)
+    if not run.quiet:
+        _print_table(run.console, coll_rows, "audit: collectives of the compiled step")
+        run.say(
+            "[green]collectives match the strategy[/]"
+            if not problems
+            else "[red]" + "; ".join(problems) + "[/]"
         )
-        (pathlib.Path(cfg.out) / "summary.json").write_text(json.dumps(summary, indent=1))
+        _print_table(run.console, memory, "audit: memory per device (compiled step)")
+
+    summary, tok_s = _summary(run, history, eval_acc, eval_loss, compile_s, ckpt)
+    report_path = None
+    if cfg.report and run.primary:
+        report_path = _report(run, summary, coll_rows, problems, memory, audit, history)
     ckpt.close()
-    (console.print if primary else say)(
+    (run.console.print if run.primary else run.say)(
         f"[bold]done[/]     loss {history.last('loss'):.4f}, held-out accuracy {eval_acc:.3f}, "
         f"{tok_s:,.0f} tokens/s" + (f"; report {report_path}" if report_path else "")
     )
@@ -482,7 +543,7 @@ def train(cfg: TrainConfig, *, console: Any = None, quiet: bool = False) -> RunR
         report=report_path,
         checkpoint_dir=ckpt.directory,
         collective_problems=problems,
-        strategy=trainer.strategy,
-        mesh_axes=dict(mesh.shape),
+        strategy=run.trainer.strategy,
+        mesh_axes=dict(run.trainer.mesh.shape),
         params=state.params,
     )
