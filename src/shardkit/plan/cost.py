@@ -280,38 +280,11 @@ def evaluate(
     wb, _, _ = bytes_per_param(prec, workload.optimizer)
     peak = hw.peak(prec.compute_dtype)
     w = workload
-    if isinstance(w, Transformer):
-        n_stage = _stage_params(w, stage, tensor)
-        local_layers = -(-w.layers // stage)  # the busiest stage
-        layer_t = w.layer_matmul_params() / tensor + 2 * w.norm_params * w.d_model
-        sp = sequence_parallel and tensor > 1
-        mem = transformer_memory(
-            w, hw, micro_batch=b, microbatches=m, tensor=tensor, stage=stage, fsdp=fsdp,
-            zero=zero, remat=remat, in_flight=pf.in_flight, local_layers=local_layers,
-            layer_params=layer_t, sequence_parallel=sp, dot_bytes=dot_bytes,
-            act_bytes=act_bytes,
-        )  # fmt: skip
-        work = _transformer_compute(w, b=b, m=m, tensor=tensor, stage=stage, remat=remat,
-                                    replicas=replicas, local_layers=local_layers)  # fmt: skip
-        block_c = local_layers * layer_t * c  # the scanned blocks' share of the weights
-        gather_calls = local_layers + 1  # each block, then embedding and head together
-    else:
-        n_stage = float(w.params)
-        mem = ActivationMemory(
-            activations=w.activation_bytes_per_example * b * c / 2,
-            logits=0.0,
-            inputs=w.input_bytes_per_example * b * m,
-            gathered=2 * w.largest_layer_params * c if (fsdp > 1 and zero == 3) else 0.0,
-        )
-        work = _Compute(
-            flops=w.flops_per_example * w.batch / replicas,
-            model_flops=w.flops_per_example * w.batch,
-            activation_bytes=0.0, tp_count=0, head_on_busiest=True,
-        )  # fmt: skip
-        sp = False
-        block_c = float(w.params) * c
-        gather_calls = max(w.layers, 1)
-
+    sp = sequence_parallel and tensor > 1 and isinstance(w, Transformer)
+    n_stage, mem, work, block_c, gather_calls = _model_terms(
+        w, hw, b=b, m=m, data=data, fsdp=fsdp, tensor=tensor, stage=stage, zero=zero,
+        remat=remat, in_flight=pf.in_flight, sp=sp, dot_bytes=dot_bytes, act_bytes=act_bytes,
+    )  # fmt: skip
     state = model_state_bytes(n_stage, zero=zero, shards=max(fsdp, 1), precision=prec,
                               optimizer=w.optimizer)  # fmt: skip
     # fp32 weights (no master copy): each micro-batch's gradients exist next to the
@@ -346,6 +319,45 @@ def evaluate(
         mfu=work.model_flops / (t.step * devices * peak), hfu=work.flops / (t.step * peak),
         bottleneck=t.bottleneck, virtual=v, sequence_parallel=sp,
     )  # fmt: skip
+
+
+def _model_terms(w, hw, *, b, m, data, fsdp, tensor, stage, zero, remat, in_flight, sp,
+                 dot_bytes, act_bytes):  # fmt: skip
+    """``(parameters on the busiest device, memory, compute, the scanned blocks' weight bytes,
+    FSDP gather calls per micro-batch)`` of a transformer or dense workload."""
+    c = get_precision(w.precision).compute
+    if isinstance(w, Transformer):
+        local_layers = -(-w.layers // stage)  # the busiest stage
+        layer_t = w.layer_matmul_params() / tensor + 2 * w.norm_params * w.d_model
+        mem = transformer_memory(
+            w, hw, micro_batch=b, microbatches=m, tensor=tensor, stage=stage, fsdp=fsdp,
+            zero=zero, remat=remat, in_flight=in_flight, local_layers=local_layers,
+            layer_params=layer_t, sequence_parallel=sp, dot_bytes=dot_bytes,
+            act_bytes=act_bytes,
+        )  # fmt: skip
+        work = _transformer_compute(w, b=b, m=m, tensor=tensor, stage=stage, remat=remat,
+                                    replicas=data * fsdp, local_layers=local_layers)  # fmt: skip
+        # the scanned blocks' share of the weights; gathers: each block, then the embedding
+        # and head together
+        return (
+            _stage_params(w, stage, tensor),
+            mem,
+            work,
+            local_layers * layer_t * c,
+            (local_layers + 1),
+        )
+    mem = ActivationMemory(
+        activations=w.activation_bytes_per_example * b * c / 2,
+        logits=0.0,
+        inputs=w.input_bytes_per_example * b * m,
+        gathered=2 * w.largest_layer_params * c if (fsdp > 1 and zero == 3) else 0.0,
+    )
+    work = _Compute(
+        flops=w.flops_per_example * w.batch / (data * fsdp),
+        model_flops=w.flops_per_example * w.batch,
+        activation_bytes=0.0, tp_count=0, head_on_busiest=True,
+    )  # fmt: skip
+    return float(w.params), mem, work, float(w.params) * c, max(w.layers, 1)
 
 
 def _check_layout(workload, data, fsdp, tensor, stage, m, schedule, virtual) -> tuple[int, int]:
