@@ -277,3 +277,21 @@ def test_timelines_example_prints_its_expected_output(tmp_path, capsys):
     doc = ast.get_docstring(ast.parse(path.read_text()))
     expected = doc.split("Expected output:\n", 1)[1].strip().splitlines()[:-1]  # no "wrote"
     assert capsys.readouterr().out.strip().splitlines() == [line.strip() for line in expected]
+
+
+def test_every_schedule_name_round_trips_and_the_planner_uses_the_same_names():
+    from shardkit import pipeline as pp
+    from shardkit.pipeline.names import SCHEDULE_NAMES, UnknownScheduleError, schedule_from_name
+    from shardkit.plan.pipe import SCHEDULES, schedule_object
+
+    schedules = [pp.GPipe(), pp.OneFOneB(), pp.OneFOneB(fused=False), pp.Interleaved(v=2),
+                 pp.Interleaved(v=5), pp.ZeroBubbleH1(), pp.ZeroBubbleH1(fused=True)]  # fmt: skip
+    for s in schedules:
+        assert schedule_from_name(s.name) == s
+    for name in SCHEDULE_NAMES:
+        assert schedule_from_name(name).name.startswith(name)
+    assert set(SCHEDULES) <= set(SCHEDULE_NAMES)
+    for name in SCHEDULES:
+        assert schedule_object(name, virtual=3) == schedule_from_name(name, virtual=3)
+    with pytest.raises(UnknownScheduleError, match=r"unknown pipeline schedule 'x'; fix"):
+        schedule_from_name("x")

@@ -29,6 +29,8 @@ import dataclasses
 import functools
 from typing import Any
 
+from shardkit.pipeline.names import schedule_from_name
+
 SCHEDULES = ("1f1b", "gpipe", "interleaved", "zb-h1")
 """Planner schedule names; each is the `shardkit.strategies.Pipeline` schedule of that name."""
 
@@ -69,8 +71,6 @@ def schedule_object(name: str, virtual: int = 2) -> Any:
         >>> schedule_object("interleaved", virtual=2).name
         'interleaved-v2'
     """
-    from shardkit.strategies.pipeline import schedule_from_name
-
     if name not in SCHEDULES:
         raise ValueError(f"unknown pipeline schedule {name!r}; fix: one of {', '.join(SCHEDULES)}.")
     return schedule_from_name(name, virtual=virtual)

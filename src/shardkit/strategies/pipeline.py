@@ -19,41 +19,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-SCHEDULE_NAMES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-h1-fused")
-
-
-def schedule_from_name(name: str, *, virtual: int = 2):
-    """The `shardkit.pipeline` schedule for a short name.
-
-    Args:
-        name: "gpipe", "1f1b" (fused two-lane 1F1B), "interleaved", "zb-h1" or "zb-h1-fused"
-            (the three-lane zero-bubble table).
-        virtual: virtual stages per device for "interleaved".
-
-    Raises:
-        ValueError: for an unknown name.
-
-    Example:
-        >>> schedule_from_name("1f1b").name
-        '1f1b'
-    """
-    from shardkit import pipeline as pp
-
-    key = name.strip().lower().replace("_", "-")
-    table = {
-        "gpipe": pp.GPipe,
-        "1f1b": pp.OneFOneB,
-        "interleaved": lambda: pp.Interleaved(v=virtual),
-        "zb-h1": pp.ZeroBubbleH1,
-        "zbh1": pp.ZeroBubbleH1,
-        "zb-h1-fused": lambda: pp.ZeroBubbleH1(fused=True),
-    }
-    if key not in table:
-        raise ValueError(
-            f"unknown pipeline schedule {name!r}; fix: use one of {', '.join(SCHEDULE_NAMES)}, "
-            "e.g. --schedule 1f1b."
-        )
-    return table[key]()
+from shardkit.pipeline.names import SCHEDULE_NAMES as SCHEDULE_NAMES
+from shardkit.pipeline.names import schedule_from_name as schedule_from_name
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
