@@ -79,20 +79,28 @@ PRECISIONS: dict[str, Precision] = {
     "fp32": Precision("fp32", params=4, grads=4, master=0, compute=4, compute_dtype="fp32"),
 }
 
+# the Trainer's names (its compute dtype, `shardkit train --precision`) for the same settings
+PRECISION_ALIASES = {"float32": "fp32", "f32": "fp32", "bfloat16": "shardkit", "bf16": "shardkit"}
+
 _OPTIMIZER_BYTES = {"adam": 8, "adamw": 8, "lamb": 8, "sgd": 4, "none": 0}
 
 
 def get_precision(precision: str | Precision) -> Precision:
     """The `Precision` called `precision` (or `precision` itself).
 
+    The Trainer's names mean its settings: "float32" is "fp32", "bfloat16" (bf16 compute on
+    fp32 weights) is "shardkit" (`PRECISION_ALIASES`).
+
     Raises:
         ValueError: for an unknown name (the message lists the known ones).
     """
     if isinstance(precision, Precision):
         return precision
+    precision = PRECISION_ALIASES.get(precision, precision)
     if precision not in PRECISIONS:
         raise ValueError(
-            f"unknown precision {precision!r}; known: {', '.join(sorted(PRECISIONS))}; "
+            f"unknown precision {precision!r}; known: {', '.join(sorted(PRECISIONS))} (and the "
+            f"Trainer's {', '.join(sorted(PRECISION_ALIASES))}); "
             "fix: precision='mixed' (bf16 weights + fp32 master, 16 B/param with Adam)."
         )
     return PRECISIONS[precision]

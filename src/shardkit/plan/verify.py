@@ -381,7 +381,7 @@ def verify(
     for c in chosen:
         cfg, twin, diffs = compiled_model(plan.workload, c.remat, c.tensor)
         differences += [d for d in diffs if d not in differences]
-        if c.stage > 1 and c.tensor > 1 and twin.precision != "fp32":
+        if c.stage > 1 and c.tensor > 1 and get_precision(twin.precision).name != "fp32":
             # XLA:CPU aborts the process compiling the pipelined step with a tensor axis in
             # bf16 (a CHECK in its all-reduce promotion pass): compile and predict it in f32
             twin = twin.replace(precision="fp32")
@@ -392,7 +392,7 @@ def verify(
                         stage=c.stage, zero=c.zero or 3, microbatches=c.microbatches,
                         remat=c.remat, schedule=c.schedule or "1f1b", virtual=c.virtual,
                         dot_bytes=cpu_dot_bytes)  # fmt: skip
-        precision = "float32" if twin.precision == "fp32" else "bfloat16"
+        precision = "float32" if get_precision(twin.precision).name == "fp32" else "bfloat16"
         m = measure_gpt(cfg, c.strategy(), devices=c.devices, batch=twin.batch,
                         grad_accum=c.microbatches if c.stage == 1 else 1,
                         precision=precision,

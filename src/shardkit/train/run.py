@@ -128,7 +128,7 @@ def auto_plan(cfg: TrainConfig, model_cfg, devices):
     workload = Transformer.from_gpt_config(
         model_cfg,
         batch=cfg.batch,
-        precision="fp32" if cfg.precision == "float32" else "shardkit",
+        precision=cfg.precision,  # the planner reads the Trainer's names
     )
     return plan(workload, devices=len(devices), hardware=hardware_profile(devices))
 
