@@ -30,7 +30,7 @@ import jax  # noqa: E402
 
 from shardkit.models import GPTConfig  # noqa: E402
 from shardkit.plan import Transformer, evaluate, plan  # noqa: E402
-from shardkit.plan.verify import BOUNDS, verify  # noqa: E402
+from shardkit.verify import BOUNDS, verify  # noqa: E402
 
 CFG = GPTConfig(vocab=8192, d_model=1024, n_layers=8, n_heads=16, seq_len=1024)
 QUANTITIES = ("arguments", "peak", "all-gather", "reduce-scatter", "all-reduce", "collectives")

@@ -29,8 +29,7 @@ jax.config.update("jax_num_cpu_devices", 8)
 from shardkit.models import GPTConfig  # noqa: E402
 from shardkit.plan import Transformer, evaluate  # noqa: E402
 from shardkit.plan.hardware import get_hardware  # noqa: E402
-from shardkit.plan.measure import measure_gpt  # noqa: E402
-from shardkit.plan.verify import BOUNDS  # noqa: E402
+from shardkit.verify import BOUNDS, measure_gpt  # noqa: E402
 
 LAYOUTS = ({"data": 8}, {"fsdp": 8}, {"tensor": 8}, {"data": 2, "fsdp": 2, "tensor": 2})
 PRECISIONS = ("shardkit", "fp32")

@@ -300,11 +300,14 @@ class Plan:
         return None if candidate is None else self.candidates.index(candidate) + 1
 
     def verify(self, top: int = 3, **kwargs):
-        """Compiles the top layouts with shardkit's GPT and prints predicted next to compiled.
+        """Compiles the top layouts with shardkit's GPT and prints predicted next to compiled:
+        ``shardkit.verify.verify(self, top=top, **kwargs)``.
 
-        See `shardkit.plan.verify.verify` for the arguments.
+        The planner itself is pure arithmetic; compiling real steps lives in `shardkit.verify`,
+        above it. This convenience is the planner's one import of that layer, on call
+        (`tests/test_architecture.py` names it).
         """
-        from shardkit.plan.verify import verify
+        from shardkit.verify import verify
 
         return verify(self, top=top, **kwargs)
 
