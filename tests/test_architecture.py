@@ -197,3 +197,17 @@ def test_the_planner_is_pure():
         and (src, dst) not in UPWARD
     ]
     assert found == []
+
+
+def test_shardkit_raises_its_own_errors():
+    # every error a user can catch with `except shardkit.ShardkitError`: no bare built-ins
+    # (AssertionError stays for internal invariants, like `assert`)
+    builtin = {"ValueError", "TypeError", "RuntimeError", "Exception"}
+    bare = []
+    for mod, path in modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call):
+                func = node.exc.func
+                if isinstance(func, ast.Name) and func.id in builtin:
+                    bare.append(f"{mod}:{node.lineno} raises {func.id}")
+    assert bare == []

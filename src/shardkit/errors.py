@@ -8,7 +8,13 @@ shapes, mesh axis sizes) and end with a fix.
 
 from __future__ import annotations
 
-__all__ = ["ShardingRuleError", "ShardkitError"]
+__all__ = [
+    "ShardingRuleError",
+    "ShardkitError",
+    "ShardkitRuntimeError",
+    "ShardkitTypeError",
+    "ShardkitValueError",
+]
 
 
 class ShardkitError(Exception):
@@ -17,3 +23,15 @@ class ShardkitError(Exception):
 
 class ShardingRuleError(ShardkitError, ValueError):
     """Partition rules are malformed, or do not fit a tree/mesh (base of all rule errors)."""
+
+
+class ShardkitValueError(ShardkitError, ValueError):
+    """A bad value: an argument, a shape, a mesh axis size, a layout that cannot run."""
+
+
+class ShardkitTypeError(ShardkitError, TypeError):
+    """An argument of the wrong type."""
+
+
+class ShardkitRuntimeError(ShardkitError, RuntimeError):
+    """A failure while running (a process, a schedule, the environment), with its fix."""

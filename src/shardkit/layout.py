@@ -26,6 +26,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from shardkit.common import format_bytes
+from shardkit.errors import ShardkitTypeError, ShardkitValueError
 from shardkit.leaves import leaf_path_items
 from shardkit.linter import lint
 
@@ -128,7 +129,7 @@ def layout_of(
     """
     if x is not None:
         if not hasattr(x, "sharding") or not hasattr(x, "shape"):
-            raise TypeError(
+            raise ShardkitTypeError(
                 f"show/layout_of: expected a jax.Array (or ShapeDtypeStruct with a sharding), "
                 f"got {type(x).__name__}. Fix: jax.device_put(x, NamedSharding(mesh, spec)), or "
                 "pass shape= with mesh= and spec=."
@@ -136,13 +137,15 @@ def layout_of(
         shape, dtype, sharding = tuple(x.shape), x.dtype, x.sharding
     else:
         if shape is None:
-            raise TypeError(
+            raise ShardkitTypeError(
                 "show/layout_of: pass an array, or shape= with sharding= or mesh=+spec=."
             )
         shape = tuple(int(s) for s in shape)
         if sharding is None:
             if mesh is None:
-                raise TypeError("show/layout_of: shape= needs sharding= or mesh= (and spec=).")
+                raise ShardkitTypeError(
+                    "show/layout_of: shape= needs sharding= or mesh= (and spec=)."
+                )
             spec = PartitionSpec() if spec is None else spec
             import jax
 
@@ -152,7 +155,7 @@ def layout_of(
             lint(leaf, spec, mesh).raise_if_errors()
             sharding = NamedSharding(mesh, spec)
     if sharding is None:
-        raise TypeError("show/layout_of: this array has no sharding to show.")
+        raise ShardkitTypeError("show/layout_of: this array has no sharding to show.")
     indices = dict(sharding.devices_indices_map(tuple(shape)))
     return Layout(tuple(shape), _parse_dtype(dtype), sharding, indices)
 
@@ -180,7 +183,9 @@ def _grid(layout: Layout, dims: Sequence[int] | None):
     else:
         shown = [int(d) % nd for d in dims] if nd else []
         if len(set(shown)) != len(shown) or len(shown) > 2:
-            raise ValueError(f"dims={dims}: pick at most two distinct dims of a rank-{nd} array.")
+            raise ShardkitValueError(
+                f"dims={dims}: pick at most two distinct dims of a rank-{nd} array."
+            )
     panel_dims = [i for i in sharded if i not in shown]
     folded = [i for i in range(nd) if i not in shown and i not in panel_dims]
     panels: dict[tuple, dict[tuple, list]] = {}
@@ -387,7 +392,7 @@ def show(
         print(text, file=file)
         return text
     if format != "terminal":
-        raise ValueError(f"format={format!r}: use 'terminal', 'text' or 'html'.")
+        raise ShardkitValueError(f"format={format!r}: use 'terminal', 'text' or 'html'.")
     from rich.console import Console
 
     Console(file=file, highlight=False).print(_render_rich(layout, name, dims))

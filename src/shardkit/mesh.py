@@ -23,7 +23,7 @@ import numpy as np
 from jax.sharding import AxisType, Mesh
 
 from shardkit.compat import backend_started
-from shardkit.errors import ShardkitError
+from shardkit.errors import ShardkitError, ShardkitRuntimeError, ShardkitValueError
 
 __all__ = [
     "MeshError",
@@ -279,12 +279,12 @@ def simulate_cpu_devices(n: int) -> None:
       >>> sk.simulate_cpu_devices(8)  # first thing in the script
     """
     if not isinstance(n, int) or n < 1:
-        raise ValueError(f"simulate_cpu_devices: n must be an integer >= 1, got {n!r}.")
+        raise ShardkitValueError(f"simulate_cpu_devices: n must be an integer >= 1, got {n!r}.")
     if backend_started():
         have = jax.device_count()
         if have == n and jax.default_backend() == "cpu":
             return
-        raise RuntimeError(
+        raise ShardkitRuntimeError(
             f"simulate_cpu_devices({n}): JAX has already started with {have} "
             f"{jax.default_backend()} device(s); the device count can only be set before the "
             "first JAX computation. Fix: call shardkit.simulate_cpu_devices at the top of your "

@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from typing import TextIO
 
 from shardkit.distributed import environment as _env
+from shardkit.errors import ShardkitValueError
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -121,13 +122,17 @@ def launch(
         0
     """
     if processes < 1:
-        raise ValueError(f"processes={processes} must be >= 1; fix: shardkit launch -n 2 -- ...")
+        raise ShardkitValueError(
+            f"processes={processes} must be >= 1; fix: shardkit launch -n 2 -- ..."
+        )
     if devices_per_process is not None and devices_per_process < 1:
-        raise ValueError(
+        raise ShardkitValueError(
             f"devices_per_process={devices_per_process} must be >= 1; fix: --devices-per-process 1."
         )
     if not command:
-        raise ValueError("no command to launch; fix: shardkit launch -n 2 -- python train.py")
+        raise ShardkitValueError(
+            "no command to launch; fix: shardkit launch -n 2 -- python train.py"
+        )
     out = sys.stdout if out is None else out
     address = f"127.0.0.1:{port or free_port()}"
     lock = threading.Lock()

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 from jaxtyping import Array, Complex, Num
 
+from shardkit.errors import ShardkitValueError
 from shardkit.fft import _layout as L
 
 
@@ -35,7 +36,7 @@ def _run(x, axes, norm, spec, mesh, inverse, fname):
     axes = tuple(range(ndim)) if axes is None else tuple(axes)
     for ax in axes:
         if not -ndim <= ax < ndim:
-            raise ValueError(
+            raise ShardkitValueError(
                 f"{fname}: axes={axes} names dim {ax}, but x has rank {ndim} (shape "
                 f"{tuple(x.shape)}). Fix: pass dims between {-ndim} and {ndim - 1}."
             )
@@ -44,7 +45,7 @@ def _run(x, axes, norm, spec, mesh, inverse, fname):
     mesh_shape = dict(mesh.shape)
     for ax in axes:
         if L.entry_size(entries[ax], mesh_shape) > 1:
-            raise ValueError(
+            raise ShardkitValueError(
                 f"{fname}: dim {ax} (size {x.shape[ax]}) is sharded over mesh axis "
                 f"{entries[ax]!r} (spec {P(*entries)}), but this transform only runs along "
                 f"unsharded dims. Fix: use pfft2d/pfft3d for a transform over a sharded dim, "

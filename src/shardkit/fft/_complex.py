@@ -32,6 +32,7 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 from jaxtyping import Array, Complex, Num
 
+from shardkit.errors import ShardkitValueError
 from shardkit.fft import _layout as L
 
 
@@ -173,14 +174,14 @@ def original_entries(entries: tuple, k: int, layout: str, fname: str) -> tuple:
     fft = entries[nb:]
     if layout == "natural":
         if fft[0] is not None:
-            raise ValueError(
+            raise ShardkitValueError(
                 f"{fname}: with layout='natural' the spectrum's first FFT dim (dim {nb}) must be "
                 f"whole, but the spectrum is sharded {P(*entries)}. Fix: pass "
                 f"layout='transposed' if it came from a forward transform with that layout."
             )
         return entries[:nb] + fft[1:] + (None,)
     if fft[-1] is not None:
-        raise ValueError(
+        raise ShardkitValueError(
             f"{fname}: with layout='transposed' the spectrum's last dim (dim {len(entries) - 1}) "
             f"must be whole, but the spectrum is sharded {P(*entries)}. Fix: pass "
             f"layout='natural' if it came from a forward transform with that layout."

@@ -12,6 +12,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 from jaxtyping import Array, Float
 
+from shardkit.errors import ShardkitValueError
 from shardkit.fft import _complex, _real
 from shardkit.fft import _layout as L
 
@@ -122,7 +123,7 @@ def fftfreq3d(
         if real and orig == 2:
             nz = 2 * (size - 1) if n is None else n
             if nz < 1 or nz // 2 + 1 != size:
-                raise ValueError(
+                raise ShardkitValueError(
                     f"{fname}: n={n} does not fit the half spectrum's {size} frequencies along "
                     f"dim {nb + p}. Fix: pass n= the length of the real field's last dim."
                 )

@@ -16,6 +16,8 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from shardkit.errors import ShardkitTypeError, ShardkitValueError
+
 Layout = Literal["natural", "transposed"]
 LAYOUTS = ("natural", "transposed")
 NORMS = (None, "backward", "ortho", "forward")
@@ -42,7 +44,7 @@ class SpectralLayout(NamedTuple):
 def check_choice(name: str, value: Any, choices: tuple, fname: str) -> None:
     """Raises ValueError when `value` is not one of `choices`."""
     if value not in choices:
-        raise ValueError(
+        raise ShardkitValueError(
             f"{fname}: {name}={value!r} is not supported; use one of "
             + ", ".join(repr(c) for c in choices)
             + "."
@@ -120,21 +122,21 @@ def resolve(x: Any, spec: P | None, mesh: Any, fname: str) -> tuple[Any, tuple[E
     if spec is None:
         spec = known
     elif known is not None and normalize(known, ndim) != normalize(spec, ndim):
-        raise ValueError(
+        raise ShardkitValueError(
             f"{fname}: x is sharded {P(*normalize(known, ndim))} but spec={spec}; the transform "
             f"never reshards its input. Fix: drop spec=, or reshard first with "
             f"jax.sharding.reshard(x, {spec})."
         )
     if spec is None or mesh is None:
         where = "a traced value on Auto mesh axes" if _is_tracer(x) else "an unsharded array"
-        raise ValueError(
+        raise ShardkitValueError(
             f"{fname}: x (shape {tuple(x.shape)}) is {where}, so its layout is unknown; the "
             f"transform needs x sharded over a mesh. Fix: "
             f"x = jax.device_put(x, NamedSharding(mesh, P('x', 'y'))), or inside jit on Auto "
             f"axes pass spec=P('x', 'y') and mesh=mesh (or use jax.set_mesh(mesh))."
         )
     if len(spec) > ndim:
-        raise ValueError(
+        raise ShardkitValueError(
             f"{fname}: spec {spec} has {len(spec)} entries but x has rank {ndim} "
             f"(shape {tuple(x.shape)}). Fix: one PartitionSpec entry per dim at most."
         )
@@ -144,7 +146,7 @@ def resolve(x: Any, spec: P | None, mesh: Any, fname: str) -> tuple[Any, tuple[E
 def check_rank(x: Any, k: int, fname: str) -> None:
     """Raises ValueError unless `x` has the `k` FFT dims (plus optional batch dims)."""
     if len(x.shape) < k:
-        raise ValueError(
+        raise ShardkitValueError(
             f"{fname}: x has rank {len(x.shape)} (shape {tuple(x.shape)}) but a {k}-D transform "
             f"needs at least {k} dims (leading extra dims are batch dims). Fix: reshape x to "
             f"{k} trailing FFT dims, e.g. x.reshape((1,) * {k - len(x.shape)} + x.shape)."
@@ -164,7 +166,7 @@ def check_fft_entries(
     nb = len(entries) - k
     for i, e in enumerate(entries[nb:]):
         if isinstance(e, tuple):
-            raise ValueError(
+            raise ShardkitValueError(
                 f"{fname}: FFT dim {nb + i} is sharded over several mesh axes {e}; each FFT dim "
                 f"takes at most one mesh axis. Fix: shard the FFT dims over one mesh axis each, "
                 f"e.g. P({', '.join(repr(n) for n in e)}) on two dims, or merge the axes in the "
@@ -172,7 +174,7 @@ def check_fft_entries(
             )
     if last_whole and entries[-1] is not None and entry_size(entries[-1], mesh_shape) > 1:
         spec_fix = P(*entries[:-1], None)
-        raise ValueError(
+        raise ShardkitValueError(
             f"{fname}: the last FFT dim (dim {len(entries) - 1}) is sharded over mesh axis "
             f"{entries[-1]!r} of size {mesh_shape[entries[-1]]}; it must be whole on every "
             f"device. Fix: shard the leading FFT dims instead, e.g. "
@@ -182,13 +184,13 @@ def check_fft_entries(
     unused = [n for n, s in mesh_shape.items() if s > 1 and n not in used]
     if unused:
         if not any(entry_size(e, mesh_shape) > 1 for e in entries):
-            raise ValueError(
+            raise ShardkitValueError(
                 f"{fname}: x (shape {_shape_str(entries)}) is not sharded over mesh "
                 f"{mesh_shape}; a distributed transform needs it sharded. Fix: "
                 f"x = jax.device_put(x, NamedSharding(mesh, P(...))) sharding dim {nb} (and "
                 f"dim {nb + 1} for a pencil transform); for a replicated array use jnp.fft."
             )
-        raise ValueError(
+        raise ShardkitValueError(
             f"{fname}: mesh {mesh_shape} has axes {unused} that shard no dim of x (spec "
             f"{P(*entries)}), so their devices would redo the same transform. The transform "
             f"decomposes over at most {k - 1} mesh axes plus mesh axes on batch dims. Fix: use a "
@@ -212,7 +214,7 @@ def check_divisible(
     axes = " x ".join(f"{a!r} (size {mesh_shape[a]})" for a in entry_names(entry))
     lo = (shape[dim] // n) * n
     near = [s for s in (lo, lo + n) if s > 0]
-    raise ValueError(
+    raise ShardkitValueError(
         f"{fname}: dim {dim} of x has size {shape[dim]} (shape {tuple(shape)}), which does not "
         f"divide into {n} shards over mesh axis {axes}; {why}. A Fourier transform cannot be "
         f"padded without changing its result. Fix: use a size along dim {dim} that is a "
@@ -229,11 +231,11 @@ def complex_dtype(dtype: Any, fname: str, *, allow_real: bool) -> Any:
     if allow_real and jnp.issubdtype(dtype, jnp.floating):
         return jnp.complex128 if dtype == jnp.float64 else jnp.complex64
     if allow_real:
-        raise TypeError(
+        raise ShardkitTypeError(
             f"{fname}: x has dtype {dtype}; expected a floating or complex dtype. "
             f"Fix: x.astype(jnp.float32) or x.astype(jnp.complex64)."
         )
-    raise TypeError(
+    raise ShardkitTypeError(
         f"{fname}: x has dtype {dtype} but the inverse transform expects a complex spectrum "
         f"(complex64 or complex128). Fix: pass the complex output of the forward transform; "
         f"for a half spectrum of a real field use pirfft3d on the output of prfft3d."

@@ -26,6 +26,7 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 from jaxtyping import Array, Complex, Float
 
+from shardkit.errors import ShardkitTypeError, ShardkitValueError
 from shardkit.fft import _layout as L
 from shardkit.fft._complex import roll, to_trailing
 
@@ -138,7 +139,7 @@ def _check_sizes(shape: tuple, batch: tuple, a, b, mesh, fname: str) -> None:
 def _real_dtype(dtype, fname: str):
     dtype = jnp.dtype(dtype)
     if not jnp.issubdtype(dtype, jnp.floating):
-        raise TypeError(
+        raise ShardkitTypeError(
             f"{fname}: x has dtype {dtype} but a real-to-complex transform needs a real floating "
             f"input (float32 or float64). Fix: use pfft3d for complex input, or "
             f"x.astype(jnp.float32)."
@@ -238,7 +239,7 @@ def _original_ab(kent: tuple, mesh_shape: dict, fname: str) -> tuple:
         return s1, s2
     if not isinstance(s0, tuple) and active(s0) and s2 is None and not active(s1):
         return s1, s0
-    raise ValueError(
+    raise ShardkitValueError(
         f"{fname}: the half spectrum's FFT dims are sharded {P(*kent)} (natural order), which "
         f"is not a layout prfft3d produces: P(None, ('a', 'b'), None), P(None, 'a', None) or "
         f"P('b', None, None) (rolled left for layout='transposed'). Fix: pass the output of "
@@ -293,7 +294,7 @@ def pirfft3d(
     if n is None:
         n = 2 * (kz - 1)
     if n < 1 or n // 2 + 1 != kz:
-        raise ValueError(
+        raise ShardkitValueError(
             f"{fname}: n={n} does not match the half spectrum: its last frequency dim has "
             f"{kz} entries, which fits n = {2 * (kz - 1)} or {2 * kz - 1}. Fix: pass n= the "
             f"length of the last dim of the original real field."

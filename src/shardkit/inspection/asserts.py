@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from shardkit.errors import ShardkitError
+from shardkit.errors import ShardkitError, ShardkitValueError
 from shardkit.inspection.hlo import COLLECTIVE_KINDS
 from shardkit.inspection.report import Report
 
@@ -40,7 +40,7 @@ class CollectiveAssertionError(ShardkitError, AssertionError):
 def _check_kinds(kinds: Iterable[str], arg: str) -> None:
     for k in kinds:
         if k not in COLLECTIVE_KINDS:
-            raise ValueError(
+            raise ShardkitValueError(
                 f"assert_collectives({arg}=...): unknown collective kind {k!r}. Fix: use one "
                 f"of {', '.join(COLLECTIVE_KINDS)}."
             )
@@ -94,7 +94,7 @@ def assert_collectives(
     _check_kinds(expect, "expect")
     for k, v in expect.items():
         if not isinstance(v, int) or v < 0:
-            raise ValueError(
+            raise ShardkitValueError(
                 f"assert_collectives(expect={{{k!r}: {v!r}}}): a count must be an int >= 0. "
                 f'Fix: expect={{"{k}": 2}}.'
             )

@@ -27,6 +27,7 @@ import sys
 from typing import Any
 
 from shardkit.cli_args import parse_mesh_arg, parse_spec_arg
+from shardkit.errors import ShardkitValueError
 
 _DTYPES = {
     "f16": "float16",
@@ -97,7 +98,7 @@ def parse_arg_spec(text: str) -> tuple[str, tuple[int, ...], str | None]:
     """
     m = _ARG_RE.match(text)
     if not m or m.group(1) not in _DTYPES:
-        raise ValueError(
+        raise ShardkitValueError(
             f"--args {text!r}: write each argument as DTYPE[DIMS] with an optional @SPEC, "
             f"DTYPE one of {', '.join(sorted(_DTYPES))}. Example: --args "
             '"f32[1024,1024]@data,model" "f32[1024]".'
@@ -113,10 +114,10 @@ def _load_target(target: str) -> tuple[Any, dict[str, Any] | None]:
         import runpy
 
         if not os.path.exists(target):
-            raise ValueError(f"shardkit inspect {target}: no such spec file.")
+            raise ShardkitValueError(f"shardkit inspect {target}: no such spec file.")
         ns = runpy.run_path(target, run_name="__shardkit_inspect__")
         if "fn" not in ns or "args" not in ns:
-            raise ValueError(
+            raise ShardkitValueError(
                 f"spec file {target} must define `fn` (the function) and `args` (a tuple of "
                 "arrays or jax.ShapeDtypeStruct). Fix: add e.g. `fn = my_step` and "
                 "`args = (x_spec,)`."
@@ -124,7 +125,7 @@ def _load_target(target: str) -> tuple[Any, dict[str, Any] | None]:
         return ns["fn"], ns
     mod_name, sep, attr = target.rpartition(":")
     if not sep or not mod_name or not attr:
-        raise ValueError(
+        raise ShardkitValueError(
             f"shardkit inspect {target!r}: name a function as module:function or "
             "path/to/file.py:function, or pass a spec file ending in .py."
         )
@@ -132,7 +133,7 @@ def _load_target(target: str) -> tuple[Any, dict[str, Any] | None]:
         import runpy
 
         if not os.path.exists(mod_name):
-            raise ValueError(f"shardkit inspect {target}: no such file {mod_name}.")
+            raise ShardkitValueError(f"shardkit inspect {target}: no such file {mod_name}.")
         ns = runpy.run_path(mod_name, run_name="__shardkit_inspect__")
         obj = ns.get(attr.split(".")[0])
         for part in attr.split(".")[1:]:
@@ -141,12 +142,14 @@ def _load_target(target: str) -> tuple[Any, dict[str, Any] | None]:
         try:
             module = importlib.import_module(mod_name)
         except ImportError as e:
-            raise ValueError(f"shardkit inspect {target}: cannot import {mod_name}: {e}") from None
+            raise ShardkitValueError(
+                f"shardkit inspect {target}: cannot import {mod_name}: {e}"
+            ) from None
         obj = module
         for part in attr.split("."):
             obj = getattr(obj, part, None)
     if obj is None or not callable(obj):
-        raise ValueError(
+        raise ShardkitValueError(
             f"shardkit inspect {target}: {attr!r} is not a function of {mod_name}. Fix: "
             "check the name after the colon."
         )
@@ -210,7 +213,7 @@ def run(args: argparse.Namespace) -> int:
             sharding = None
             if spec is not None:
                 if mesh is None:
-                    raise ValueError(
+                    raise ShardkitValueError(
                         f"--args {text!r} names mesh axes but no mesh is given. Fix: add "
                         "--mesh data=4,model=2 (your mesh axis names and sizes)."
                     )

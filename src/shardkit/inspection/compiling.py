@@ -9,6 +9,8 @@ from typing import Any
 
 import jax
 
+from shardkit.errors import ShardkitTypeError
+
 __all__ = ["check_args", "compile_for", "kind_of"]
 
 
@@ -24,7 +26,7 @@ def kind_of(obj: Any) -> str:
         return "traced"
     if callable(obj):
         return "function"
-    raise TypeError(
+    raise ShardkitTypeError(
         f"inspect(fn=...) expects a function, a jax.jit-wrapped function, or a Lowered or "
         f"Compiled object; got {type(obj).__name__} {obj!r:.60}. Fix: shardkit.inspect(f, x) "
         "with f a Python function of arrays."
@@ -42,7 +44,7 @@ def check_args(fn: Any, args: tuple, kwargs: dict, who: str) -> None:
     except TypeError as e:
         name = getattr(target, "__name__", type(target).__name__)
         shapes = ", ".join(_describe_arg(a) for a in args) or "no arguments"
-        raise TypeError(
+        raise ShardkitTypeError(
             f"{who}({name}, ...): the arguments do not match {name}{sig}: {e}. Got {shapes}. "
             f"Fix: pass the arguments {name} expects, as arrays or jax.ShapeDtypeStruct "
             "(with sharding=NamedSharding(mesh, P(...)))."
@@ -64,7 +66,7 @@ def compile_for(
     kind = kind_of(fn)
     if kind == "compiled":
         if args or kwargs:
-            raise TypeError(
+            raise ShardkitTypeError(
                 f"{who}(compiled, ...): a Compiled object takes no arguments; got {len(args)} "
                 f"positional and {len(kwargs)} keyword. Fix: {who}(compiled) or "
                 f"{who}(jitted_fn, *args)."
@@ -74,7 +76,7 @@ def compile_for(
     if kind in ("lowered", "traced"):
         what = "Lowered" if kind == "lowered" else "Traced"
         if args or kwargs:
-            raise TypeError(
+            raise ShardkitTypeError(
                 f"{who}({kind}, ...): a {what} object takes no arguments; got {len(args)} "
                 f"positional. Fix: {who}({kind}) or {who}(jitted_fn, *args)."
             )

@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 import re
 
+from shardkit.errors import ShardkitValueError
 from shardkit.inspection.hlo import Instruction
 
 
@@ -130,7 +131,7 @@ def replica_groups(instr: Instruction, num_partitions: int) -> list[list[int]]:
         return [[int(x) for x in re.findall(r"\d+", g)] for g in re.findall(r"\{([^{}]*)\}", raw)]
     groups = _iota_groups(raw) if raw.startswith("[") else _mesh_groups(raw)
     if groups is None:
-        raise ValueError(
+        raise ShardkitValueError(
             f"{key}={raw!r} of %{instr.name} is not a spelling of replica groups shardkit "
             "knows (explicit {{...}}, iota [..]<=[..], mesh[...] {...}). Fix: report the "
             "HLO line to shardkit."

@@ -8,6 +8,7 @@ import collections
 import re
 from collections.abc import Mapping, Sequence
 
+from shardkit.errors import ShardkitValueError
 from shardkit.inspection.hlo_parse import HloModule, Instruction
 
 _CALLEE_RE = re.compile(
@@ -56,14 +57,14 @@ def _branch_weights(
         if not found:
             names = sorted({i.op_name or i.name for i in module.instructions()
                             if i.opcode == "conditional"})  # fmt: skip
-            raise ValueError(
+            raise ShardkitValueError(
                 f"execution_counts(branch_counts=...): key {key!r} names no conditional of "
                 f"module {module.name} (its conditionals: {names[:6] or 'none'}). Fix: key by "
                 "an instruction name or an op_name component, e.g. the jax.named_scope the "
                 "lax.switch runs under."
             )
         if min(weights, default=-1) < 0 or not sum(weights):
-            raise ValueError(
+            raise ShardkitValueError(
                 f"execution_counts(branch_counts=...): branch_counts[{key!r}] = {weights} "
                 "must be executions per branch, >= 0 and not all 0. Fix: count how often "
                 "each branch index is taken, e.g. numpy.bincount(indices, minlength=n)."
@@ -71,14 +72,14 @@ def _branch_weights(
         for ins in found:
             n = len(_branches(ins))
             if n != len(weights):
-                raise ValueError(
+                raise ShardkitValueError(
                     f"execution_counts(branch_counts=...): branch_counts[{key!r}] has "
                     f"{len(weights)} counts but conditional {ins.name} has {n} branches. Fix: "
                     f"give one count per branch, in branch-index order ({n} values)."
                 )
             where = (ins.computation, ins.name)
             if where in out and out[where] != weights:
-                raise ValueError(
+                raise ShardkitValueError(
                     f"execution_counts(branch_counts=...): conditional {ins.name} is named by "
                     f"two keys with different counts ({out[where]} and {weights}). Fix: key "
                     "each conditional once."

@@ -13,6 +13,8 @@ import json
 import math
 import re
 
+from shardkit.errors import ShardkitTypeError, ShardkitValueError
+
 COLLECTIVE_KINDS = (
     "all-gather",
     "all-reduce",
@@ -346,7 +348,7 @@ def parse_hlo(text: str) -> HloModule:
         8
     """
     if not isinstance(text, str):
-        raise TypeError(
+        raise ShardkitTypeError(
             f"parse_hlo(text=...) expects the str of compiled.as_text(); got "
             f"{type(text).__name__}. Fix: parse_hlo(jax.jit(f).lower(x).compile().as_text())."
         )
@@ -356,7 +358,7 @@ def parse_hlo(text: str) -> HloModule:
         hm = re.search(r"^HloModule\s+([\w.\-]+)", text, re.M)
     if hm is None:
         hint = " (this looks like StableHLO)" if "func.func" in text[:4000] else ""
-        raise ValueError(
+        raise ShardkitValueError(
             "parse_hlo(text=...): no `HloModule` header found" + hint + ". Fix: pass the text "
             "of a compiled program, jax.jit(f).lower(*args).compile().as_text(), not "
             "lowered.as_text()."

@@ -24,6 +24,7 @@ import jax.numpy as jnp
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
+from shardkit.errors import ShardkitValueError
 from shardkit.linalg import layout
 from shardkit.linalg.layout import constrain, n_devices
 from shardkit.linalg.lu import SingularMatrixError
@@ -81,19 +82,19 @@ def batched_solve(
     """
     a_shape, b_shape = tuple(a_stack.shape), tuple(getattr(b_stack, "shape", ()))
     if len(a_shape) != 3 or a_shape[1] != a_shape[2]:
-        raise ValueError(
+        raise ShardkitValueError(
             f"a_stack: expected a stack of square matrices (B, N, N), got shape {a_shape}. "
             "For one large matrix use shardkit.linalg.solve."
         )
     if len(b_shape) not in (2, 3) or b_shape[:2] != a_shape[:2]:
-        raise ValueError(
+        raise ShardkitValueError(
             f"b_stack: expected shape ({a_shape[0]}, {a_shape[1]}) or ({a_shape[0]}, "
             f"{a_shape[1]}, k) to match a_stack {a_shape}, got {b_shape}."
         )
     mesh, axes = layout.resolve_mesh(a_stack, mesh, axis_names, arg="a_stack")
     p = n_devices(mesh, axes)
     if a_shape[0] % p:
-        raise ValueError(
+        raise ShardkitValueError(
             f"a_stack: batch size {a_shape[0]} is not a multiple of the {p} devices along mesh "
             f"axes {axes} (mesh {dict(mesh.shape)}). Pad the batch to "
             f"{-(-a_shape[0] // p) * p} systems (e.g. with identity matrices) or pass "

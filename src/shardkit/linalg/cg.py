@@ -35,6 +35,7 @@ from jax import lax
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
+from shardkit.errors import ShardkitValueError
 from shardkit.linalg import layout
 from shardkit.linalg.layout import constrain, n_devices
 
@@ -172,29 +173,29 @@ def cg(
     matrix = not callable(a)
     b_shape = tuple(getattr(b, "shape", ()))
     if len(b_shape) != 1:
-        raise ValueError(
+        raise ShardkitValueError(
             f"b: expected a vector (N,), got shape {b_shape}. Solve one rhs at a time."
         )
     n = b_shape[0]
     if matrix and tuple(a.shape) != (n, n):
-        raise ValueError(
+        raise ShardkitValueError(
             f"a: expected shape ({n}, {n}) to match b {b_shape}, got {tuple(a.shape)}. "
             "Pass the square SPD matrix of the system, or a function v -> A v."
         )
     if preconditioner not in (None, "jacobi") and not callable(preconditioner):
-        raise ValueError(
+        raise ShardkitValueError(
             f"preconditioner: expected None, 'jacobi' or a function r -> M^-1 r, got "
             f"{preconditioner!r}. Try preconditioner='jacobi'."
         )
     if preconditioner == "jacobi" and not matrix:
-        raise ValueError(
+        raise ShardkitValueError(
             "preconditioner: 'jacobi' needs the matrix, but a is a function. Pass the matrix, "
             "or a function r -> r / diag(A) as preconditioner."
         )
     mesh, axes = layout.resolve_mesh(a if matrix else b, mesh, axis_names, arg="a")
     p = n_devices(mesh, axes)
     if n % p:
-        raise ValueError(
+        raise ShardkitValueError(
             f"b: size {n} is not a multiple of the {p} devices along mesh axes {axes} "
             f"(mesh {dict(mesh.shape)}). Pad the system to {-(-n // p) * p} (e.g. identity rows)."
         )

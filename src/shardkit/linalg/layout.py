@@ -38,6 +38,8 @@ from jax import lax
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from shardkit.errors import ShardkitTypeError, ShardkitValueError
+
 __all__ = [
     "column_cyclic_order",
     "from_column_cyclic",
@@ -71,7 +73,7 @@ def resolve_mesh(
             if abstract is not None and not abstract.empty:
                 mesh = abstract
     if mesh is None:
-        raise ValueError(
+        raise ShardkitValueError(
             f"{arg}: no mesh found (the array is not NamedSharding-placed and no mesh is set). "
             "Pass mesh=jax.make_mesh((8,), ('x',)) or call inside `with jax.set_mesh(mesh):`."
         )
@@ -83,7 +85,7 @@ def resolve_mesh(
         axes = tuple(axis_names)
     for name in axes:
         if name not in mesh.axis_names:
-            raise ValueError(
+            raise ShardkitValueError(
                 f"axis_names: mesh axis {name!r} is not in the mesh {dict(mesh.shape)}. "
                 f"Use one of {tuple(mesh.axis_names)}."
             )
@@ -119,7 +121,7 @@ def column_cyclic_order(n: int, block_size: int, p: int) -> np.ndarray:
         [0, 1, 4, 5, 2, 3, 6, 7]
     """
     if n % (block_size * p):
-        raise ValueError(
+        raise ShardkitValueError(
             f"n: {n} is not a multiple of block_size * devices = {block_size} * {p}. "
             f"Pad to padded_size(n, block_size, p) = {padded_size(n, block_size, p)}."
         )
@@ -178,7 +180,7 @@ def cyclic_to_rows_local(a: jax.Array, *, block_size: int, p: int, axes) -> jax.
 
 def _check_square(a, arg: str) -> None:
     if a.ndim != 2 or a.shape[0] != a.shape[1]:
-        raise ValueError(
+        raise ShardkitValueError(
             f"{arg}: expected a square matrix (N, N), got shape {tuple(a.shape)}. "
             "Pass a 2-D square array; for a stack of small systems use batched_solve."
         )
@@ -186,9 +188,9 @@ def _check_square(a, arg: str) -> None:
 
 def _check_layout(n: int, block_size: int, p: int, arg: str) -> None:
     if block_size < 1:
-        raise ValueError(f"block_size: must be >= 1, got {block_size}. Try block_size=32.")
+        raise ShardkitValueError(f"block_size: must be >= 1, got {block_size}. Try block_size=32.")
     if n % (block_size * p):
-        raise ValueError(
+        raise ShardkitValueError(
             f"{arg}: size {n} is not a multiple of block_size * devices = {block_size} * {p} "
             f"= {block_size * p}. Pad the matrix to {padded_size(n, block_size, p)} "
             "(the solvers pad for you), or pick a block_size that divides N / devices."
@@ -315,12 +317,12 @@ def global_index(local_len, nb, p, me):
 def check_matrix(a, arg: str) -> None:
     shape = tuple(getattr(a, "shape", ()))
     if len(shape) != 2 or shape[0] != shape[1]:
-        raise ValueError(
+        raise ShardkitValueError(
             f"{arg}: expected a square matrix (N, N), got shape {shape}. "
             "Pass a 2-D square array; for a stack of systems (B, N, N) use batched_solve."
         )
     if not jnp.issubdtype(a.dtype, jnp.floating):
-        raise TypeError(
+        raise ShardkitTypeError(
             f"{arg}: expected a real floating dtype (float32 or float64), got {a.dtype}. "
             f"Convert with {arg}.astype(jnp.float32)."
         )
@@ -328,9 +330,11 @@ def check_matrix(a, arg: str) -> None:
 
 def check_block_size(nb: int, n: int) -> None:
     if not isinstance(nb, int) or nb < 1:
-        raise ValueError(f"block_size: must be a positive int, got {nb!r}. Try block_size=32.")
+        raise ShardkitValueError(
+            f"block_size: must be a positive int, got {nb!r}. Try block_size=32."
+        )
     if nb > n:
-        raise ValueError(
+        raise ShardkitValueError(
             f"block_size: {nb} is larger than the matrix size N = {n}. "
             f"Pass block_size <= {n}, e.g. block_size={min(DEFAULT_BLOCK_SIZE, n)}."
         )

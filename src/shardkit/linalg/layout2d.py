@@ -31,6 +31,7 @@ from jax import lax
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
+from shardkit.errors import ShardkitValueError
 from shardkit.linalg import layout
 from shardkit.linalg.layout import constrain
 
@@ -82,13 +83,13 @@ def grid_to_rows_local(a, *, nb, pr, pc, axes):
 def check_grid(mesh, grid, arg: str = "grid") -> tuple[str, str]:
     """Validates ``grid=(row_axis, col_axis)`` against the mesh."""
     if not (isinstance(grid, tuple | list) and len(grid) == 2 and grid[0] != grid[1]):
-        raise ValueError(
+        raise ShardkitValueError(
             f"{arg}: expected two different mesh axis names (row_axis, col_axis), got {grid!r}. "
             f"Try grid={tuple(mesh.axis_names)[:2]!r}."
         )
     for name in grid:
         if name not in mesh.axis_names:
-            raise ValueError(
+            raise ShardkitValueError(
                 f"{arg}: mesh axis {name!r} is not in the mesh {dict(mesh.shape)}. "
                 f"Use two of {tuple(mesh.axis_names)}."
             )
@@ -114,13 +115,13 @@ def block_cyclic_2d_orders(n: int, block_size: int, pr: int, pc: int):
 def _check(a, block_size, mesh, grid):
     shape = tuple(a.shape)
     if len(shape) != 2 or shape[0] != shape[1]:
-        raise ValueError(f"a: expected a square matrix (N, N), got shape {shape}.")
+        raise ShardkitValueError(f"a: expected a square matrix (N, N), got shape {shape}.")
     mesh, _ = layout.resolve_mesh(a, mesh, None, arg="a")
     r, c = check_grid(mesh, grid)
     pr, pc = mesh.shape[r], mesh.shape[c]
     step = grid_multiple(block_size, pr, pc)
     if block_size < 1 or shape[0] % step:
-        raise ValueError(
+        raise ShardkitValueError(
             f"a: size {shape[0]} is not a multiple of block_size * P * P_r = {block_size} * "
             f"{pr * pc} * {pr} = {step} (grid {r}={pr} x {c}={pc}). Pad the matrix to "
             f"{-(-shape[0] // step) * step}, or use a smaller block_size."

@@ -34,6 +34,7 @@ from jax import lax
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
+from shardkit.errors import ShardkitValueError
 from shardkit.linalg import layout
 from shardkit.linalg.layout import (
     check_block_size,
@@ -109,7 +110,7 @@ def as_columns(b, n: int, arg: str) -> tuple[jax.Array, tuple[int, ...]]:
     """Validates a right-hand side (N,) or (N, k) and returns it as (N, k) plus its shape."""
     shape = tuple(getattr(b, "shape", ()))
     if len(shape) not in (1, 2) or shape[0] != n:
-        raise ValueError(
+        raise ShardkitValueError(
             f"{arg}: expected shape ({n},) or ({n}, k) to match the ({n}, {n}) matrix, got "
             f"{shape}. Pass one right-hand side as a vector or several as columns."
         )

@@ -32,6 +32,7 @@ import jax.numpy as jnp
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from shardkit.errors import ShardkitTypeError
 from shardkit.matmul._layout import (
     Layout,
     MatmulLayoutError,
@@ -142,7 +143,7 @@ class ChainPlan:
 
     def __call__(self, *arrays: jax.Array) -> jax.Array:
         if len(arrays) != len(self.in_specs):
-            raise TypeError(
+            raise ShardkitTypeError(
                 f"this plan multiplies {len(self.in_specs)} matrices but got {len(arrays)}. "
                 "Fix: pass the same matrices that were planned, in order."
             )

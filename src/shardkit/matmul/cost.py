@@ -24,6 +24,7 @@ import dataclasses
 
 import jax
 
+from shardkit.errors import ShardkitValueError
 from shardkit.matmul._layout import (
     Layout,
     MatmulLayoutError,
@@ -64,7 +65,7 @@ def fit(L: Layout, algorithm: str, out: Spec | None, *, bidirectional: bool = Fa
         return fit_gspmd(L, out)
     if algorithm == "auto":
         return choose(L, out)
-    raise ValueError(
+    raise ShardkitValueError(
         f"algorithm={algorithm!r} is not one of {ALGORITHMS}. Fix: algorithm='auto' lets "
         "shardkit pick by bytes moved and peak memory."
     )

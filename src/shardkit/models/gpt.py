@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from shardkit.errors import ShardkitValueError
 from shardkit.models.common import batch_out, param, row_parallel_out
 
 Remat = Literal["none", "block", "dots"]
@@ -51,17 +52,17 @@ class GPTConfig:
     def __post_init__(self):
         for name in ("vocab", "d_model", "n_layers", "n_heads", "seq_len"):
             if getattr(self, name) < 1:
-                raise ValueError(
+                raise ShardkitValueError(
                     f"GPTConfig {name}={getattr(self, name)} must be positive; "
                     f"fix: pass {name}=<a positive int>."
                 )
         if self.d_model % self.n_heads:
-            raise ValueError(
+            raise ShardkitValueError(
                 f"GPTConfig n_heads={self.n_heads} does not divide d_model={self.d_model}; "
                 f"fix: pick n_heads from the divisors of {self.d_model}."
             )
         if self.remat not in _REMAT:
-            raise ValueError(
+            raise ShardkitValueError(
                 f"GPTConfig remat={self.remat!r} is not one of {_REMAT}; fix: remat='block'."
             )
 
@@ -179,7 +180,7 @@ class GPT(nnx.Module):
         """
         t = tokens.shape[1]
         if t > self.cfg.seq_len:
-            raise ValueError(
+            raise ShardkitValueError(
                 f"GPT tokens have length {t} > seq_len={self.cfg.seq_len}; "
                 f"fix: build the model with GPTConfig(seq_len={t}) or shorten the batch."
             )
@@ -202,7 +203,7 @@ class GPT(nnx.Module):
 
         cfg = self.cfg
         if n_stages < 1 or cfg.n_layers % n_stages:
-            raise ValueError(
+            raise ShardkitValueError(
                 f"GPT n_layers={cfg.n_layers} does not split into {n_stages} pipeline stages; "
                 f"fix: use n_layers a multiple of {n_stages} (e.g. --layers "
                 f"{n_stages * max(1, cfg.n_layers // max(n_stages, 1))}) or a stage count "

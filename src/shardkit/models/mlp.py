@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
+from shardkit.errors import ShardkitValueError
 from shardkit.models.common import param, row_parallel_out
 
 
@@ -49,7 +50,7 @@ class MLP(nnx.Module):
     def __init__(self, sizes: Sequence[int] = (784, 512, 256, 10), *, rngs: nnx.Rngs):
         sizes = tuple(int(s) for s in sizes)
         if len(sizes) < 2 or min(sizes) < 1:
-            raise ValueError(
+            raise ShardkitValueError(
                 f"MLP sizes={sizes} needs at least two positive widths (input and output); "
                 "fix: pass e.g. sizes=(784, 512, 256, 10)."
             )

@@ -25,6 +25,8 @@ from typing import Any
 
 import jax
 
+from shardkit.errors import ShardkitValueError
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class StagedModel:
@@ -60,7 +62,7 @@ class StagedModel:
         layers = {x.shape[0] for x in jax.tree.leaves(params[self.stacked])}
         (count,) = layers
         if count % n:
-            raise ValueError(
+            raise ShardkitValueError(
                 f"params[{self.stacked!r}] holds {count} stacked layers, which do not split "
                 f"into {n} pipeline stages; fix: use a layer count that is a multiple of {n}."
             )

@@ -45,6 +45,7 @@ import numpy as np
 from jax import lax
 from jax.sharding import PartitionSpec as P
 
+from shardkit.errors import ShardkitValueError
 from shardkit.pipeline import slots as sl
 from shardkit.pipeline import spmd
 from shardkit.pipeline.residuals import Residuals
@@ -108,7 +109,7 @@ def _path(kp) -> str:
 def _axes(mesh, stage_axis: str, data_axes: Sequence[str]) -> tuple[int, int]:
     shape = dict(mesh.shape)
     if stage_axis not in shape:
-        raise ValueError(
+        raise ShardkitValueError(
             f"pipeline_value_and_grad: the mesh {shape} has no {stage_axis!r} axis to put "
             f"pipeline stages on; fix: make the mesh with a {stage_axis!r} axis, e.g. "
             f"shardkit.make_mesh({{'data': 2, {stage_axis!r}: 4}}), or pass stage_axis= one "
@@ -116,7 +117,7 @@ def _axes(mesh, stage_axis: str, data_axes: Sequence[str]) -> tuple[int, int]:
         )
     for ax in data_axes:
         if ax not in shape or ax == stage_axis:
-            raise ValueError(
+            raise ShardkitValueError(
                 f"pipeline_value_and_grad: data_axes={tuple(data_axes)} names {ax!r}, which is "
                 f"not a mesh axis other than {stage_axis!r} (mesh {shape}); fix: pass "
                 f"data_axes= a subset of {[a for a in shape if a != stage_axis]}"
@@ -131,7 +132,7 @@ def _check_inputs(
     for kp, leaf in jax.tree_util.tree_leaves_with_path(stage_params):
         shape = tuple(getattr(leaf, "shape", ()))
         if not shape or shape[0] != S:
-            raise ValueError(
+            raise ShardkitValueError(
                 f"pipeline_value_and_grad: stage_params{_path(kp)} has shape {shape}; its "
                 f"leading axis must be the p*v = {p}*{v} = {S} model stages (p = 'stage' mesh "
                 f"axis size, v = the schedule's virtual stages); fix: stack the per-stage "
@@ -142,13 +143,13 @@ def _check_inputs(
         for kp, leaf in jax.tree_util.tree_leaves_with_path(a):
             shape = tuple(leaf.shape)
             if len(shape) < 2 or shape[0] != m:
-                raise ValueError(
+                raise ShardkitValueError(
                     f"pipeline_value_and_grad: {name}{_path(kp)} has shape {shape}; it must be "
                     f"[microbatches={m}, microbatch, ...]; fix: reshape the batch as "
                     f"x.reshape({m}, -1, *x.shape[1:])"
                 )
             if shape[1] % n_data:
-                raise ValueError(
+                raise ShardkitValueError(
                     f"pipeline_value_and_grad: {name}{_path(kp)} has micro-batch size "
                     f"{shape[1]} (shape {shape}), not divisible by the {n_data} devices of "
                     f"data_axes={tuple(data_axes)}; fix: use a micro-batch size that is a "
@@ -162,7 +163,7 @@ def _check_inputs(
     got = jax.tree.map(lambda a: (tuple(a.shape), str(a.dtype)), y0)
     want = jax.tree.map(lambda a: (tuple(a.shape), str(a.dtype)), x0)
     if jax.tree.structure(y0) != jax.tree.structure(x0) or got != want:
-        raise ValueError(
+        raise ShardkitValueError(
             f"pipeline_value_and_grad: stage_fn maps a micro-batch {want} to {got}; every "
             f"stage's output feeds the next stage's input, so they must have the same shape "
             f"and dtype; fix: make stage_fn return its input's shape and dtype (move "
@@ -170,7 +171,7 @@ def _check_inputs(
         )
     out = jax.eval_shape(last_fn, last_params, y0, t0)
     if getattr(out, "shape", None) != ():
-        raise ValueError(
+        raise ShardkitValueError(
             f"pipeline_value_and_grad: last_fn returns {getattr(out, 'shape', out)}, not a "
             f"scalar; fix: return the mean loss over the micro-batch, e.g. jnp.mean(...)"
         )
@@ -580,7 +581,7 @@ def pipeline_value_and_grad(
     data_axes = tuple(data_axes)
     p, n_data = _axes(mesh, stage_axis, data_axes)
     if residuals not in RESIDUALS:
-        raise ValueError(
+        raise ShardkitValueError(
             f"pipeline_value_and_grad: residuals={residuals!r}; fix: pass "
             "residuals='recompute' or residuals='stash'"
         )

@@ -19,6 +19,7 @@ from __future__ import annotations
 import pathlib
 from collections.abc import Sequence
 
+from shardkit.errors import ShardkitTypeError, ShardkitValueError
 from shardkit.pipeline.schedule import KIND_NAMES, Table
 from shardkit.pipeline.simulate import Timeline
 
@@ -118,13 +119,17 @@ def plot(
 
     path = pathlib.Path(path)
     if path.suffix.lower() != ".png":
-        raise ValueError(f"plot: path={str(path)!r} is not a .png file; fix: end it in '.png'")
+        raise ShardkitValueError(
+            f"plot: path={str(path)!r} is not a .png file; fix: end it in '.png'"
+        )
     seq = list(items) if isinstance(items, (list, tuple)) else [items]
     if not seq:
-        raise ValueError("plot: no timeline or table given; fix: pass simulate(...) or table(...)")
+        raise ShardkitValueError(
+            "plot: no timeline or table given; fix: pass simulate(...) or table(...)"
+        )
     for i, item in enumerate(seq):
         if not isinstance(item, (Timeline, Table)):
-            raise TypeError(
+            raise ShardkitTypeError(
                 f"plot: items[{i}] is a {type(item).__name__}, not a Timeline or Table; "
                 "fix: pass simulate(schedule, p, m) or table(schedule, p, m)"
             )

@@ -32,6 +32,8 @@ from typing import Protocol
 
 import numpy as np
 
+from shardkit.errors import ShardkitRuntimeError, ShardkitTypeError, ShardkitValueError
+
 IDLE = 0
 """Kind code of an empty lane slot (its micro-batch and chunk entries are 0)."""
 F = 1
@@ -73,7 +75,7 @@ class Costs:
         for name in ("t_f", "t_b", "t_w", "t_comm"):
             value = getattr(self, name)
             if not value >= 0:
-                raise ValueError(
+                raise ShardkitValueError(
                     f"Costs: {name}={value!r} must be >= 0; fix: pass {name}=0.0 or more"
                 )
 
@@ -103,7 +105,7 @@ class Op:
 
     def __post_init__(self):
         if self.kind not in KIND_CODES:
-            raise ValueError(
+            raise ShardkitValueError(
                 f"Op kind={self.kind!r} is not one of {sorted(KIND_CODES)}; "
                 "fix: use 'F', 'B', 'BI' or 'W'"
             )
@@ -129,16 +131,16 @@ class Schedule(Protocol):
 def _check_common(name: str, p: int, m: int, v: int, layers: int | None) -> None:
     for arg, value in (("p", p), ("m", m)):
         if not isinstance(value, (int, np.integer)) or isinstance(value, bool):
-            raise TypeError(f"{name}: {arg}={value!r} must be an int; fix: pass an integer")
+            raise ShardkitTypeError(f"{name}: {arg}={value!r} must be an int; fix: pass an integer")
     if p < 1:
-        raise ValueError(
+        raise ShardkitValueError(
             f"{name}: p={p} pipeline stages; a pipeline needs p >= 1; "
             "fix: give the 'stage' mesh axis a size of at least 1"
         )
     if m < 1:
-        raise ValueError(f"{name}: m={m} micro-batches; fix: use microbatches >= 1")
+        raise ShardkitValueError(f"{name}: m={m} micro-batches; fix: use microbatches >= 1")
     if layers is not None and layers % (p * v):
-        raise ValueError(
+        raise ShardkitValueError(
             f"{name}: {layers} layers do not split into p*v = {p}*{v} = {p * v} stages; "
             f"fix: use a stage count that divides {layers} (e.g. p*v = "
             f"{_divisors_hint(layers)}) or change the number of layers"
@@ -244,7 +246,7 @@ class Interleaved:
 
     def __post_init__(self):
         if not isinstance(self.v, int) or self.v < 1:
-            raise ValueError(
+            raise ShardkitValueError(
                 f"Interleaved: v={self.v!r} virtual stages per device; fix: use an int v >= 1 "
                 "(v=2 is the usual choice)"
             )
@@ -255,14 +257,14 @@ class Interleaved:
         """Raise ``ValueError`` with a fix if ``m % p != 0`` or ``p``/``layers`` do not fit."""
         _check_common(f"Interleaved(v={self.v})", p, m, self.v, layers)
         if m < p:
-            raise ValueError(
+            raise ShardkitValueError(
                 f"Interleaved(v={self.v}): m={m} micro-batches < p={p} stages; micro-batches go "
                 f"round the ring in groups of p, so m must be a multiple of p; "
                 f"fix: use microbatches={p} (or a larger multiple of {p})"
             )
         if m % p:
             lo, hi = m - m % p, m - m % p + p
-            raise ValueError(
+            raise ShardkitValueError(
                 f"Interleaved(v={self.v}): m={m} micro-batches is not a multiple of p={p} "
                 f"stages (micro-batches go round the ring in groups of p); "
                 f"fix: use microbatches={hi} or {lo}"
@@ -328,7 +330,7 @@ class ZeroBubbleH1:
         """Raise ``ValueError`` with a fix if ``p``, ``m`` or ``layers`` do not fit."""
         _check_common("ZeroBubbleH1", p, m, 1, layers)
         if m < p:
-            raise ValueError(
+            raise ShardkitValueError(
                 f"ZeroBubbleH1: m={m} micro-batches < p={p} stages; its weight-gradient ops fill "
                 f"the bubbles only when m >= p (with fewer it is slower than OneFOneB); "
                 f"fix: use microbatches={p} or more, or schedule=OneFOneB()"
@@ -552,7 +554,9 @@ def table(schedule: Schedule, p: int, m: int) -> Table:
                 last_lane = lane
         if not finished:
             heads = {d: orders[d][pos[d]] for d in range(p) if pos[d] < len(orders[d])}
-            raise RuntimeError(f"{schedule.name}: orders deadlock at step {t}; heads {heads}")
+            raise ShardkitRuntimeError(
+                f"{schedule.name}: orders deadlock at step {t}; heads {heads}"
+            )
         for key in finished:
             done[key] = t
         rows.append(row)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from shardkit.errors import ShardkitRuntimeError
 from shardkit.pipeline.schedule import Costs, Op, Schedule, done_keys, op_deps
 
 
@@ -152,5 +153,5 @@ def simulate(schedule: Schedule, p: int, m: int, costs: Costs | None = None) -> 
                 progress = True
     if any(pos[d] < len(orders[d]) for d in range(p)):
         heads = {d: orders[d][pos[d]] for d in range(p) if pos[d] < len(orders[d])}
-        raise RuntimeError(f"{schedule.name}: orders deadlock; waiting heads {heads}")
+        raise ShardkitRuntimeError(f"{schedule.name}: orders deadlock; waiting heads {heads}")
     return Timeline(schedule.name, p, m, v, costs, tuple(tuple(e) for e in events))

@@ -26,6 +26,7 @@ import dataclasses
 
 import numpy as np
 
+from shardkit.errors import ShardkitRuntimeError
 from shardkit.pipeline.schedule import BI, IDLE, B, F, Table, W
 
 # per-lane columns
@@ -119,7 +120,9 @@ def plan(tbl: Table, *, stash: bool) -> Plan:
                     continue
                 key = (F if k == F else (W if k == W else B), i, c * p + d)
                 if key in at:
-                    raise RuntimeError(f"{tbl.schedule}: op {key} appears twice in the table")
+                    raise ShardkitRuntimeError(
+                        f"{tbl.schedule}: op {key} appears twice in the table"
+                    )
                 at[key] = (t, lane)
 
     def uses(i, s, with_x):
@@ -133,7 +136,7 @@ def plan(tbl: Table, *, stash: bool) -> Plan:
 
     def need(key, what):
         if key not in at:
-            raise RuntimeError(f"{tbl.schedule}: {what} {key} is missing from the table")
+            raise ShardkitRuntimeError(f"{tbl.schedule}: {what} {key} is missing from the table")
         return at[key]
 
     xs_iv, gs_iv, res_iv, last_iv, cut_iv, lcut_iv = ({} for _ in range(6))
@@ -145,7 +148,7 @@ def plan(tbl: Table, *, stash: bool) -> Plan:
             if s > 0:
                 ts, _ = need((F, i, s - 1), "forward")
                 if ts >= tf:
-                    raise RuntimeError(
+                    raise ShardkitRuntimeError(
                         f"{tbl.schedule}: F(mb {i}, stage {s}) at step {tf} uses the "
                         f"activation sent at step {ts}; the table breaks the lockstep contract"
                     )
@@ -154,7 +157,7 @@ def plan(tbl: Table, *, stash: bool) -> Plan:
             if s < S - 1:
                 tb, _ = need((B, i, s + 1), "backward")
                 if tb >= at[(B, i, s)][0]:
-                    raise RuntimeError(
+                    raise ShardkitRuntimeError(
                         f"{tbl.schedule}: backward of (mb {i}, stage {s}) at step "
                         f"{at[(B, i, s)][0]} uses the gradient sent at step {tb}; the table "
                         "breaks the lockstep contract"
@@ -198,7 +201,9 @@ def plan(tbl: Table, *, stash: bool) -> Plan:
                     if k == F:
                         row[RW], row[LW] = rsl.get(key, nr), lsl.get(key, nl)
                         if flane is not None:
-                            raise RuntimeError(f"{tbl.schedule}: two forwards at ({t}, {d})")
+                            raise ShardkitRuntimeError(
+                                f"{tbl.schedule}: two forwards at ({t}, {d})"
+                            )
                         flane = lane
                     else:
                         row[RR], row[LR] = rsl.get(key, nr), lsl.get(key, nl)
@@ -208,7 +213,9 @@ def plan(tbl: Table, *, stash: bool) -> Plan:
                         row[CR], row[LCR] = csl.get(key, nc), lcsl.get(key, nlc)
                     if k in (B, BI):
                         if blane is not None:
-                            raise RuntimeError(f"{tbl.schedule}: two backwards at ({t}, {d})")
+                            raise ShardkitRuntimeError(
+                                f"{tbl.schedule}: two backwards at ({t}, {d})"
+                            )
                         blane = lane
                         if s == 0:
                             row[GXI] = i

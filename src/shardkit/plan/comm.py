@@ -31,6 +31,7 @@ import dataclasses
 import math
 from typing import Any
 
+from shardkit.errors import ShardkitValueError
 from shardkit.plan.hardware import Hardware
 
 KINDS = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute")
@@ -54,7 +55,7 @@ def bytes_moved(kind: str, nbytes: float, size: int) -> float:
         return nbytes * (n - 1) / n
     if kind == "all-reduce":
         return 2 * nbytes * (n - 1) / n
-    raise ValueError(f"unknown collective {kind!r}; fix: one of {KINDS}.")
+    raise ShardkitValueError(f"unknown collective {kind!r}; fix: one of {KINDS}.")
 
 
 def split_domains(hw: Hardware, size: int, inner: int = 1) -> tuple[int, int]:
@@ -122,7 +123,7 @@ def collective_time_parts(
         if inner < hw.domain:
             return hw.latency_intra + nbytes / (hw.intra_bw * hw.eff_intra), 0.0
         return 0.0, hw.latency_inter + nbytes / (hw.inter_bw * hw.eff_inter)
-    raise ValueError(f"unknown collective {kind!r}; fix: one of {KINDS}.")
+    raise ShardkitValueError(f"unknown collective {kind!r}; fix: one of {KINDS}.")
 
 
 @dataclasses.dataclass

@@ -12,6 +12,8 @@ import argparse
 import json
 import sys
 
+from shardkit.errors import ShardkitValueError
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Adds the `shardkit plan` flags to `parser`."""
@@ -65,7 +67,9 @@ def _zero(text: str) -> tuple[int, ...]:
     try:
         return tuple(int(z) for z in text.split(","))
     except ValueError:
-        raise ValueError(f"--zero {text!r}: write stages as '3,1', '3', '1' or 'none'.") from None
+        raise ShardkitValueError(
+            f"--zero {text!r}: write stages as '3,1', '3', '1' or 'none'."
+        ) from None
 
 
 def run(args: argparse.Namespace) -> int:

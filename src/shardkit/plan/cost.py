@@ -39,6 +39,7 @@ import dataclasses
 import math
 from typing import Any, NamedTuple
 
+from shardkit.errors import ShardkitValueError
 from shardkit.plan import comm, pipe
 from shardkit.plan.hardware import Hardware, get_hardware
 from shardkit.plan.memory import (
@@ -178,7 +179,7 @@ class Candidate:
         from shardkit import strategies
 
         if self.sequence_parallel:
-            raise ValueError(
+            raise ShardkitValueError(
                 f"layout {self.layout} was predicted with sequence parallelism over tensor="
                 f"{self.tensor}, which shardkit's tensor parallelism does not implement (its "
                 "block inputs stay whole on every tensor rank, so activations would be larger "
@@ -364,41 +365,41 @@ def _check_layout(workload, data, fsdp, tensor, stage, m, schedule, virtual) -> 
     """``(micro-batch size, virtual chunks)`` of a layout; raises on one that cannot run."""
     replicas = data * fsdp
     if workload.batch % (replicas * m):
-        raise ValueError(
+        raise ShardkitValueError(
             f"batch={workload.batch} is not divisible by data x fsdp x microbatches = "
             f"{data} x {fsdp} x {m}; fix: a batch that is a multiple of {replicas * m}."
         )
     v = virtual if (schedule == "interleaved" and stage > 1) else 1
     layers = getattr(workload, "layers", 0)
     if layers and stage * v > layers:
-        raise ValueError(
+        raise ShardkitValueError(
             f"stage x virtual = {stage} x {v} exceeds layers={layers}: every pipeline chunk "
             f"needs at least one layer; fix: stage <= {layers // v}."
         )
     if v > 1 and layers % (stage * v) and not getattr(workload, "uneven_stages", False):
-        raise ValueError(
+        raise ShardkitValueError(
             f"layers={layers} is not divisible by stage x virtual = {stage} x {v}; fix: a "
             "virtual degree that divides layers / stage, or Transformer(uneven_stages=True)."
         )
     if schedule == "interleaved" and stage > 1 and (v < 2 or m % stage):
-        raise ValueError(
+        raise ShardkitValueError(
             f"interleaved schedule with virtual={virtual}, microbatches={m}, stage={stage}: "
             "needs virtual >= 2 and microbatches a multiple of the stage degree (Megatron); "
             f"fix: virtual=2, microbatches={max(stage, m // stage * stage)}."
         )
     if isinstance(workload, Transformer):
         if workload.heads % tensor or workload.ff % tensor:
-            raise ValueError(
+            raise ShardkitValueError(
                 f"tensor={tensor} does not divide heads={workload.heads} and d_ff="
                 f"{workload.ff}; fix: a tensor degree that divides both."
             )
         if workload.layers % stage and not workload.uneven_stages:
-            raise ValueError(
+            raise ShardkitValueError(
                 f"layers={workload.layers} is not divisible by stage={stage}; fix: a stage "
                 "degree that divides the layer count, or Transformer(uneven_stages=True)."
             )
     elif tensor > 1 or stage > 1:
-        raise ValueError(
+        raise ShardkitValueError(
             f"workload {workload.name!r} is a Dense model: only data and fsdp degrees apply; "
             "fix: tensor=1, stage=1."
         )

@@ -60,7 +60,7 @@ import functools
 import re
 from typing import Literal
 
-from shardkit.errors import ShardkitError
+from shardkit.errors import ShardkitError, ShardkitValueError
 
 Topology = Literal["switch", "mesh", "torus2d", "torus3d", "host"]
 
@@ -170,12 +170,12 @@ class Hardware:
             if value is None and field == "overlap_inter":
                 continue
             if not 0 < value <= 1 and not (field.startswith("overlap") and value == 0):
-                raise ValueError(
+                raise ShardkitValueError(
                     f"Hardware {self.name!r}: {field}={value} must lie in (0, 1]; "
                     f"fix: Hardware.replace({field}=0.9)."
                 )
         if self.domain < 1:
-            raise ValueError(f"Hardware {self.name!r}: domain={self.domain} must be >= 1.")
+            raise ShardkitValueError(f"Hardware {self.name!r}: domain={self.domain} must be >= 1.")
 
     def peak(self, dtype: str = "bf16") -> float:
         """Dense peak FLOP/s for `dtype`.
@@ -185,7 +185,7 @@ class Hardware:
         """
         key = _DTYPE_ALIASES.get(dtype, dtype)
         if key not in self.peak_flops:
-            raise ValueError(
+            raise ShardkitValueError(
                 f"hardware {self.name!r} has no peak FLOP/s for dtype {dtype!r}; it has "
                 f"{sorted(self.peak_flops)}; fix: use one of those."
             )

@@ -47,6 +47,8 @@ import dataclasses
 import math
 from typing import Any
 
+from shardkit.errors import ShardkitValueError
+
 
 @dataclasses.dataclass(frozen=True)
 class Precision:
@@ -98,7 +100,7 @@ def get_precision(precision: str | Precision) -> Precision:
         return precision
     precision = PRECISION_ALIASES.get(precision, precision)
     if precision not in PRECISIONS:
-        raise ValueError(
+        raise ShardkitValueError(
             f"unknown precision {precision!r}; known: {', '.join(sorted(PRECISIONS))} (and the "
             f"Trainer's {', '.join(sorted(PRECISION_ALIASES))}); "
             "fix: precision='mixed' (bf16 weights + fp32 master, 16 B/param with Adam)."
@@ -114,7 +116,7 @@ def optimizer_bytes(optimizer: str) -> int:
     """
     key = optimizer.lower()
     if key not in _OPTIMIZER_BYTES:
-        raise ValueError(
+        raise ShardkitValueError(
             f"unknown optimizer {optimizer!r}; known: {', '.join(sorted(_OPTIMIZER_BYTES))}; "
             "fix: optimizer='adam'."
         )
@@ -165,7 +167,7 @@ def model_state_bytes(
         120.0
     """
     if zero not in (0, 1, 2, 3) or shards < 1:
-        raise ValueError(
+        raise ShardkitValueError(
             f"zero={zero}, shards={shards}: the ZeRO stage must be 0-3 and shards >= 1; "
             "fix: zero=3, shards=<devices the state is split over>."
         )
@@ -252,7 +254,7 @@ def activation_terms(
         return float(repl), float(d * qkv + d * tok * w.q_width + mlp + core)
     if remat == "block":
         return float(c * tok * h), 0.0
-    raise ValueError(f"unknown remat policy {remat!r}; fix: 'none', 'dots' or 'block'.")
+    raise ShardkitValueError(f"unknown remat policy {remat!r}; fix: 'none', 'dots' or 'block'.")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -29,6 +29,7 @@ import dataclasses
 import functools
 from typing import Any
 
+from shardkit.errors import ShardkitValueError
 from shardkit.pipeline.names import schedule_from_name
 
 SCHEDULES = ("1f1b", "gpipe", "interleaved", "zb-h1")
@@ -72,7 +73,9 @@ def schedule_object(name: str, virtual: int = 2) -> Any:
         'interleaved-v2'
     """
     if name not in SCHEDULES:
-        raise ValueError(f"unknown pipeline schedule {name!r}; fix: one of {', '.join(SCHEDULES)}.")
+        raise ShardkitValueError(
+            f"unknown pipeline schedule {name!r}; fix: one of {', '.join(SCHEDULES)}."
+        )
     return schedule_from_name(name, virtual=virtual)
 
 
@@ -147,7 +150,7 @@ def strategy(candidate: Any, residuals: str | None = None) -> Any:
 
     reason = not_runnable(candidate)
     if reason:
-        raise ValueError(reason)
+        raise ShardkitValueError(reason)
     pipe = Pipeline(
         stages=candidate.stage,
         schedule=schedule_object(candidate.schedule or "1f1b", virtual=candidate.virtual),

@@ -19,7 +19,7 @@ import json
 import math
 from typing import Any
 
-from shardkit.errors import ShardkitError
+from shardkit.errors import ShardkitError, ShardkitTypeError, ShardkitValueError
 from shardkit.plan.cost import Candidate, divisors, evaluate
 from shardkit.plan.hardware import Hardware, get_hardware
 from shardkit.plan.memory import model_state_bytes
@@ -40,7 +40,7 @@ def _as_workload(workload: Any, batch: int | None) -> Transformer | Dense:
     elif hasattr(workload, "n_layers") and hasattr(workload, "d_model"):  # a GPTConfig
         workload = Transformer.from_gpt_config(workload, batch=batch or 8)
     if not isinstance(workload, Transformer | Dense):
-        raise TypeError(
+        raise ShardkitTypeError(
             f"workload {workload!r} is not a Transformer, Dense, preset name or GPTConfig; "
             "fix: shardkit.plan.Transformer.preset('gpt3-175b')."
         )
@@ -123,9 +123,9 @@ def plan(
     w = _as_workload(workload, batch)
     allowed = tuple(zero)
     if set(allowed) - {1, 3}:
-        raise ValueError(f"zero={zero!r}: allowed stages are 1 and 3; fix: zero=(3, 1).")
+        raise ShardkitValueError(f"zero={zero!r}: allowed stages are 1 and 3; fix: zero=(3, 1).")
     if not isinstance(devices, int) or devices < 1:
-        raise ValueError(f"devices={devices!r} must be a positive int; fix: devices=8.")
+        raise ShardkitValueError(f"devices={devices!r} must be a positive int; fix: devices=8.")
     layouts = _layouts(w, devices, max_stage)
     if not layouts:
         raise NoValidLayoutError(_no_layout_message(w, devices))

@@ -28,6 +28,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Literal
 
+from shardkit.errors import ShardkitValueError
+
 Remat = Literal["auto", "none", "dots", "block"]
 REMAT_POLICIES = ("none", "dots", "block")
 
@@ -104,27 +106,29 @@ class Transformer:
     def __post_init__(self):
         for field in ("layers", "d_model", "heads", "vocab", "seq", "batch"):
             if getattr(self, field) < 1:
-                raise ValueError(
+                raise ShardkitValueError(
                     f"Transformer {field}={getattr(self, field)} must be positive; "
                     f"fix: {field}=<a positive int>."
                 )
         if self.head_dim is None and self.d_model % self.heads:
-            raise ValueError(
+            raise ShardkitValueError(
                 f"Transformer heads={self.heads} does not divide d_model={self.d_model}; "
                 "fix: pass head_dim= explicitly or pick heads from d_model's divisors."
             )
         if self.heads % self.kv:
-            raise ValueError(
+            raise ShardkitValueError(
                 f"Transformer kv_heads={self.kv_heads} does not divide heads={self.heads}; "
                 "fix: kv_heads must divide heads (grouped-query attention)."
             )
         if self.remat not in ("auto", *REMAT_POLICIES):
-            raise ValueError(
+            raise ShardkitValueError(
                 f"Transformer remat={self.remat!r} is not one of "
                 f"{('auto', *REMAT_POLICIES)}; fix: remat='auto'."
             )
         if self.attention not in ("flash", "naive"):
-            raise ValueError(f"Transformer attention={self.attention!r}; fix: 'flash' or 'naive'.")
+            raise ShardkitValueError(
+                f"Transformer attention={self.attention!r}; fix: 'flash' or 'naive'."
+            )
         from shardkit.plan.memory import get_precision, optimizer_bytes
 
         get_precision(self.precision)
@@ -302,7 +306,7 @@ class Dense:
 
     def __post_init__(self):
         if self.params < 1 or self.batch < 1 or self.flops_per_example <= 0:
-            raise ValueError(
+            raise ShardkitValueError(
                 f"Dense {self.name!r}: params={self.params}, batch={self.batch} and "
                 f"flops_per_example={self.flops_per_example} must be positive; fix: pass sizes."
             )
@@ -356,7 +360,7 @@ def preset(name: str, **changes) -> Transformer | Dense:
     """
     key = name.strip().lower().replace("_", "-")
     if key not in _PRESETS:
-        raise ValueError(
+        raise ShardkitValueError(
             f"unknown model {name!r}; presets: {', '.join(presets())}; fix: pass one of those "
             "or a shardkit.plan.Transformer(layers=..., d_model=..., ...)."
         )

@@ -8,6 +8,7 @@ from typing import Any
 
 import jax
 
+from shardkit.errors import ShardkitValueError
 from shardkit.strategies.core import TENSOR_NAMES, DataParallel, Hybrid
 
 _ADAM_BYTES_PER_PARAM = 16  # fp32 weights 4 + grads 4 + Adam m and v 8 (theory notes, ZeRO)
@@ -44,7 +45,7 @@ class Auto:
 
     def __post_init__(self):
         if self.memory_per_device <= 0 or not 0 < self.fraction <= 1:
-            raise ValueError(
+            raise ShardkitValueError(
                 f"Auto(memory_per_device={self.memory_per_device}, fraction={self.fraction}) "
                 "needs a positive memory and 0 < fraction <= 1; fix: Auto(fraction=0.5)."
             )
@@ -69,7 +70,7 @@ class Auto:
         tensor = 2 if n_devices >= 4 and n_devices % 2 == 0 and _tp_ok(params, logical) else 1
         rest = n_devices // tensor
         if batch is not None and batch % rest:
-            raise ValueError(
+            raise ShardkitValueError(
                 f"batch={batch} is not divisible by the {rest} devices that split the batch "
                 f"({n_devices} devices / tensor={tensor}); fix: use a batch that is a multiple "
                 f"of {rest}."

@@ -26,6 +26,7 @@ import jax
 from jax.sharding import PartitionSpec as P
 
 from shardkit.common import path_str
+from shardkit.errors import ShardkitValueError
 from shardkit.linter import UnmatchedLeafError
 
 TENSOR_NAMES = ("mlp", "heads", "vocab")  # logical names split by tensor parallelism
@@ -79,7 +80,7 @@ class _Base:
         degrees = self.degrees(n_devices)
         total = math.prod(degrees.values())
         if total != n_devices:
-            raise ValueError(
+            raise ShardkitValueError(
                 f"{self!r} needs {total} devices ({_fmt(degrees)}) but {n_devices} are "
                 f"available; fix: choose degrees whose product is {n_devices}, or -1 for one "
                 "of them to take the rest."
@@ -98,7 +99,7 @@ class _Base:
 
         devices = list(jax.devices() if devices is None else devices)
         if axis_types not in ("auto", "explicit"):
-            raise ValueError(
+            raise ShardkitValueError(
                 f"axis_types={axis_types!r} is not 'auto' or 'explicit'; fix: axis_types='auto'."
             )
         return make_mesh(self.mesh_axes(len(devices)), axis_types=axis_types, devices=devices)
@@ -206,10 +207,12 @@ def drop_axis(entry, axis: str):
 def _check_degrees(sizes: Mapping[str, int]) -> None:
     for k, v in sizes.items():
         if not isinstance(v, int) or (v != -1 and v < 1):
-            raise ValueError(f"{k}={v!r} must be a positive degree or -1 (the rest); fix: {k}=-1.")
+            raise ShardkitValueError(
+                f"{k}={v!r} must be a positive degree or -1 (the rest); fix: {k}=-1."
+            )
     free = [k for k, v in sizes.items() if v == -1]
     if len(free) > 1:
-        raise ValueError(
+        raise ShardkitValueError(
             f"only one degree may be -1, got {', '.join(free)}; fix: give all but one a size."
         )
 
@@ -220,16 +223,18 @@ def _resolve(n_devices: int, sizes: Mapping[str, int]) -> dict[str, int]:
     free = [k for k, v in sizes.items() if v == -1]
     for k, v in sizes.items():
         if v != -1 and v < 1:
-            raise ValueError(f"{k}={v} must be a positive degree or -1 (the rest); fix: {k}=-1.")
+            raise ShardkitValueError(
+                f"{k}={v} must be a positive degree or -1 (the rest); fix: {k}=-1."
+            )
     if len(free) > 1:
-        raise ValueError(
+        raise ShardkitValueError(
             f"only one degree may be -1, got {', '.join(free)}; fix: give all but one a size."
         )
     fixed = math.prod(v for v in sizes.values() if v != -1)
     out = dict(sizes)
     if free:
         if n_devices % fixed:
-            raise ValueError(
+            raise ShardkitValueError(
                 f"{_fmt({k: v for k, v in sizes.items() if v != -1})} does not divide "
                 f"{n_devices} devices; fix: use degrees whose product divides {n_devices}."
             )
@@ -385,12 +390,12 @@ def _check_pipeline(strategy) -> None:
     from shardkit.strategies.pipeline import Pipeline
 
     if not isinstance(strategy.pipeline, Pipeline):
-        raise ValueError(
+        raise ShardkitValueError(
             f"Hybrid(pipeline={strategy.pipeline!r}) is not a Pipeline; fix: "
             "Hybrid(data=2, pipeline=Pipeline(stages=4, microbatches=8))."
         )
     if strategy.fsdp != 1:
-        raise ValueError(
+        raise ShardkitValueError(
             f"Hybrid(fsdp={strategy.fsdp}, pipeline=Pipeline(stages={strategy.pipeline.stages}))"
             ": FSDP inside pipeline stages is not supported; fix: split the batch with data= "
             "instead of fsdp=, e.g. Hybrid(data=2, pipeline=Pipeline(stages=4))."
@@ -474,7 +479,7 @@ class TensorParallel(_Base):
 
 def _check_zero(zero):
     if zero not in (1, 3):
-        raise ValueError(
+        raise ShardkitValueError(
             f"zero={zero!r} is not a supported ZeRO stage; fix: zero=3 (split params, grads "
             "and optimizer state) or zero=1 (split only optimizer state)."
         )

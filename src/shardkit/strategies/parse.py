@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from shardkit.errors import ShardkitValueError
 from shardkit.strategies.auto import Auto
 from shardkit.strategies.core import FSDP, DataParallel, Hybrid, TensorParallel
 from shardkit.strategies.pipeline import Pipeline
@@ -45,17 +46,17 @@ def from_name(
     """
     key = name.strip().lower()
     if key not in NAMES:
-        raise ValueError(f"unknown strategy {name!r}; fix: use one of {', '.join(NAMES)}.")
+        raise ShardkitValueError(f"unknown strategy {name!r}; fix: use one of {', '.join(NAMES)}.")
     mesh = dict(mesh or {})
     for axis, size in mesh.items():
         if axis not in MESH_AXES:
-            raise ValueError(
+            raise ShardkitValueError(
                 f"unknown mesh axis {axis!r} (size {size}) for strategy {name!r}; fix: name "
                 f"mesh axes from {', '.join(MESH_AXES)}, e.g. --mesh data=4,tensor=2."
             )
     stages = int(mesh.get("stage", 1))
     if stages < 1:
-        raise ValueError(
+        raise ShardkitValueError(
             f"mesh axis 'stage' has size {stages}; the pipeline needs a fixed stage count; "
             "fix: --mesh data=2,stage=4."
         )
@@ -63,7 +64,7 @@ def from_name(
     given = [flag for flag, value in options.items() if value is not None]
     if stages == 1 and given:
         given = given[0]
-        raise ValueError(
+        raise ShardkitValueError(
             f"{given} configures pipeline stages but the mesh {mesh or '{}'} has no 'stage' "
             "axis > 1; fix: add the stage count to the mesh, e.g. --strategy hybrid "
             "--mesh data=2,stage=4."
@@ -83,7 +84,7 @@ def from_name(
         )
     if key == "auto":
         if mesh:
-            raise ValueError(
+            raise ShardkitValueError(
                 "strategy 'auto' chooses the mesh itself; fix: drop --mesh or use "
                 "--strategy hybrid with it."
             )
@@ -91,7 +92,7 @@ def from_name(
     axis = {"dp": "data", "fsdp": "fsdp", "zero1": "fsdp", "tp": "tensor"}[key]
     extra = set(mesh) - {axis}
     if extra:
-        raise ValueError(
+        raise ShardkitValueError(
             f"strategy {name!r} uses only mesh axis {axis!r}, got {sorted(extra)}; fix: use "
             f"--strategy hybrid to combine axes, e.g. --strategy hybrid --mesh {axis}=2,"
             f"{sorted(extra)[0]}=4."

@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from shardkit.errors import ShardkitValueError
 from shardkit.pipeline.names import SCHEDULE_NAMES as SCHEDULE_NAMES
 from shardkit.pipeline.names import schedule_from_name as schedule_from_name
 
@@ -56,19 +57,19 @@ class Pipeline:
 
     def __post_init__(self):
         if self.residuals not in ("recompute", "stash"):
-            raise ValueError(
+            raise ShardkitValueError(
                 f"Pipeline(residuals={self.residuals!r}) is not 'recompute' or 'stash'; "
                 "fix: Pipeline(residuals='stash') to keep residuals instead of recomputing."
             )
         if not isinstance(self.stages, int) or self.stages < 1:
-            raise ValueError(
+            raise ShardkitValueError(
                 f"Pipeline(stages={self.stages!r}) must be a positive int (devices along mesh "
                 "axis 'stage'); fix: Pipeline(stages=4)."
             )
         if self.microbatches is None:
             object.__setattr__(self, "microbatches", 2 * self.stages)
         if not isinstance(self.microbatches, int) or self.microbatches < 1:
-            raise ValueError(
+            raise ShardkitValueError(
                 f"Pipeline(microbatches={self.microbatches!r}) must be a positive int; "
                 f"fix: Pipeline(microbatches={2 * self.stages})."
             )
@@ -98,7 +99,7 @@ class Pipeline:
         n = self.n_stages
         if n_layers % n:
             fits = [d for d in range(1, n_layers + 1) if n_layers % (d * self.virtual) == 0]
-            raise ValueError(
+            raise ShardkitValueError(
                 f"{what} has {n_layers} stacked layers, which do not split into stages="
                 f"{self.stages} x virtual={self.virtual} = {n} pipeline stages; fix: use a "
                 f"layer count that is a multiple of {n} (e.g. --layers {n * max(1, n_layers // n)}"

@@ -20,7 +20,7 @@ from typing import Any
 
 import jax
 
-from shardkit.errors import ShardkitError
+from shardkit.errors import ShardkitError, ShardkitValueError
 from shardkit.train.trainer import TrainState
 
 
@@ -57,7 +57,7 @@ class Checkpointer:
         import orbax.checkpoint as ocp
 
         if save_every < 1:
-            raise ValueError(f"save_every={save_every} must be >= 1; fix: save_every=100.")
+            raise ShardkitValueError(f"save_every={save_every} must be >= 1; fix: save_every=100.")
         self.directory = pathlib.Path(directory).absolute()
         self._ocp = ocp
         options = ocp.CheckpointManagerOptions(

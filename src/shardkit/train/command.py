@@ -7,6 +7,7 @@ import os
 import sys
 
 from shardkit.cli_args import parse_mesh_arg
+from shardkit.errors import ShardkitValueError
 
 # flag -> (config key, type, help); defaults live in TrainConfig so a TOML file can set them
 _FLAGS = [
@@ -101,7 +102,7 @@ def _launch(args: argparse.Namespace, cfg) -> int:
 
     n = args.processes
     if cfg.devices % n:
-        raise ValueError(
+        raise ShardkitValueError(
             f"--devices {cfg.devices} do not split evenly over --processes {n} "
             f"({cfg.devices / n:g} devices per process); fix: --devices "
             f"{n * max(1, cfg.devices // n)} or a process count that divides {cfg.devices}."
@@ -118,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
     processes = getattr(args, "processes", 1) or 1
     if processes < 1:
-        raise ValueError(f"--processes {processes} must be >= 1; fix: --processes 2.")
+        raise ShardkitValueError(f"--processes {processes} must be >= 1; fix: --processes 2.")
     if processes > 1 and PROCESS_ID not in os.environ:
         return _launch(args, cfg)
     if PROCESS_ID in os.environ:  # a rank of `shardkit launch`: join the run first

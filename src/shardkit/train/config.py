@@ -21,6 +21,8 @@ import tomllib
 from collections.abc import Mapping
 from typing import Any
 
+from shardkit.errors import ShardkitValueError
+
 _MODEL_KEYS = ("d_model", "n_layers", "n_heads", "d_ff", "remat")
 _PRECISIONS = ("float32", "bfloat16")
 
@@ -73,19 +75,21 @@ class TrainConfig:
 
     def __post_init__(self):
         if self.precision not in _PRECISIONS:
-            raise ValueError(
+            raise ShardkitValueError(
                 f"precision={self.precision!r} is not one of {_PRECISIONS}; "
                 "fix: --precision bfloat16."
             )
         for name in ("steps", "batch", "grad_accum", "save_every", "log_every", "devices"):
             if getattr(self, name) < 1:
-                raise ValueError(f"{name}={getattr(self, name)} must be >= 1; fix: {name}=1.")
+                raise ShardkitValueError(
+                    f"{name}={getattr(self, name)} must be >= 1; fix: {name}=1."
+                )
         if self.microbatches is not None and self.microbatches < 1:
-            raise ValueError(
+            raise ShardkitValueError(
                 f"microbatches={self.microbatches} must be >= 1; fix: --microbatches 8."
             )
         if self.axis_types not in ("auto", "explicit"):
-            raise ValueError(
+            raise ShardkitValueError(
                 f"axis_types={self.axis_types!r} is not 'auto' or 'explicit'; "
                 "fix: --axis-types explicit."
             )
@@ -116,7 +120,7 @@ def load(path: str | None = None, overrides: Mapping[str, Any] | None = None) ->
         model = raw.pop("model", {})
         for key, value in model.items():
             if key not in _MODEL_KEYS:
-                raise ValueError(
+                raise ShardkitValueError(
                     f"{path}: unknown key [model].{key}; fix: use one of {', '.join(_MODEL_KEYS)}."
                 )
             values[key] = value
@@ -125,7 +129,7 @@ def load(path: str | None = None, overrides: Mapping[str, Any] | None = None) ->
     fields = {f.name for f in dataclasses.fields(TrainConfig)}
     unknown = sorted(set(values) - fields)
     if unknown:
-        raise ValueError(
+        raise ShardkitValueError(
             f"unknown config key(s) {', '.join(unknown)}"
             + (f" in {path}" if path else "")
             + f"; fix: use keys from {', '.join(sorted(fields))}."

@@ -21,6 +21,8 @@ import pathlib
 
 import numpy as np
 
+from shardkit.errors import ShardkitValueError
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ReverseTask:
@@ -47,7 +49,7 @@ class ReverseTask:
 
     def __post_init__(self):
         if self.digits < 2 or self.length < 1:
-            raise ValueError(
+            raise ShardkitValueError(
                 f"ReverseTask(digits={self.digits}, length={self.length}) needs digits >= 2 "
                 "and length >= 1; fix: ReverseTask(digits=10, length=8)."
             )
@@ -101,7 +103,7 @@ class TokenFile:
     def __post_init__(self):
         n = len(self._tokens())
         if n < self.seq_len + 1:
-            raise ValueError(
+            raise ShardkitValueError(
                 f"token file {self.path!r} holds {n} tokens, fewer than seq_len + 1 = "
                 f"{self.seq_len + 1}; fix: use a longer file or a smaller seq_len."
             )

@@ -23,6 +23,8 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import AbstractMesh
 
+from shardkit.errors import ShardkitValueError
+
 
 def pipeline_of(trainer) -> Any:
     """The strategy's `Pipeline` when it has stages > 1 (None otherwise), checked for `trainer`.
@@ -39,14 +41,14 @@ def pipeline_of(trainer) -> Any:
     sizes = dict(trainer.mesh.shape)
     if sizes.get("stage", 1) != pipe.stages:
         have = f"size {sizes['stage']}" if "stage" in sizes else "no 'stage' axis"
-        raise ValueError(
+        raise ShardkitValueError(
             f"the strategy has Pipeline(stages={pipe.stages}) but the mesh {sizes} has {have}; "
             f"fix: let the Trainer build the mesh (strategy.make_mesh()), or pass a mesh with "
             f"'stage': {pipe.stages}, e.g. shardkit.make_mesh({{'stage': {pipe.stages}, "
             f"'data': {max(1, trainer.mesh.size // pipe.stages)}}})."
         )
     if trainer.grad_accum > 1:
-        raise ValueError(
+        raise ShardkitValueError(
             f"grad_accum={trainer.grad_accum} with Pipeline(stages={pipe.stages}): the pipeline "
             "already splits the batch into micro-batches; fix: grad_accum=1 and "
             f"Pipeline(microbatches={pipe.microbatches * trainer.grad_accum})."
@@ -58,7 +60,7 @@ def pipeline_of(trainer) -> Any:
     if trainer.compute_dtype == "bfloat16" and sizes.get("tensor", 1) > 1 and platform == "cpu":
         # XLA:CPU's bf16 all-reduce promotion aborts the process ("Invalid binary instruction
         # opcode copy") on the tensor all-reduces inside the pipeline's switch branches.
-        raise ValueError(
+        raise ShardkitValueError(
             f"bfloat16 with Pipeline(stages={pipe.stages}) and tensor={sizes['tensor']} does not "
             "compile on XLA's CPU backend (it aborts in its bf16 all-reduce pass); fix: "
             "--precision float32 on CPU, or drop the tensor axis (e.g. --mesh "
@@ -71,7 +73,7 @@ def pipeline_of(trainer) -> Any:
 def _probe(trainer, pipe) -> None:
     """Builds the staged model once on abstract parameters to check it before compiling."""
     if trainer._graphdef is None:
-        raise ValueError(
+        raise ShardkitValueError(
             "pipeline stages need a Flax NNX model with a `pipeline_stages(n)` method (like "
             "shardkit.models.GPT), not a plain parameter pytree; fix: train a GPT, or drop the "
             "'stage' axis from the strategy."
@@ -81,7 +83,7 @@ def _probe(trainer, pipe) -> None:
     def build(params):
         model = nnx.merge(trainer._graphdef, params)
         if not hasattr(model, "pipeline_stages"):
-            raise ValueError(
+            raise ShardkitValueError(
                 f"{type(model).__name__} has no `pipeline_stages(n)` method, so it cannot be "
                 "cut into pipeline stages; fix: use shardkit.models.GPT or add the method "
                 "(see shardkit.models.StagedModel), or drop the 'stage' axis."
@@ -97,7 +99,7 @@ def _probe(trainer, pipe) -> None:
     staged = found["staged"]
     if trainer.loss_fn is not staged.loss_fn:
         name = getattr(staged.loss_fn, "__name__", repr(staged.loss_fn))
-        raise ValueError(
+        raise ShardkitValueError(
             f"with pipeline stages the last stage computes {name}, but the Trainer was given "
             f"loss_fn={getattr(trainer.loss_fn, '__name__', trainer.loss_fn)!r}; fix: pass "
             f"loss_fn={name}, or drop the 'stage' axis to train with another loss."

@@ -24,6 +24,7 @@ from rich.table import Table
 
 from shardkit.common import format_bytes, path_str
 from shardkit.compat import version_line
+from shardkit.errors import ShardkitValueError
 from shardkit.inspection import inspect
 from shardkit.inspection.hlo import collective_counts
 from shardkit.layout import spec_notation
@@ -63,7 +64,7 @@ def _devices(cfg: TrainConfig):
 
     devices = jax.devices()
     if len(devices) < cfg.devices:
-        raise ValueError(
+        raise ShardkitValueError(
             f"devices={cfg.devices} requested but JAX sees {len(devices)} "
             f"({jax.default_backend()}); fix: --devices {len(devices)}, or on CPU start a fresh "
             "process (the simulated device count is fixed when JAX starts)."
@@ -111,7 +112,7 @@ def hardware_profile(devices) -> str:
     for key, name in _KINDS:
         if key in kind:
             return name
-    raise ValueError(
+    raise ShardkitValueError(
         f"--strategy auto: no hardware profile for {device.device_kind!r}; fix: pass "
         f"--strategy with --mesh, or add a profile (known: {', '.join(known_hardware())})."
     )
@@ -144,7 +145,7 @@ def runnable_best(planned):
     for c in planned.candidates:
         if c.runnable:
             return c
-    raise ValueError(
+    raise ShardkitValueError(
         f"none of the {len(planned.candidates)} planned layouts can be run by shardkit (fsdp "
         "inside pipeline stages); fix: --strategy hybrid with --mesh data=...,stage=..."
     )
@@ -287,7 +288,7 @@ def _fresh_checkpoints(cfg: TrainConfig, say) -> None:
         shutil.rmtree(folder)
         say(f"[bold]fresh[/]    removed the previous run's checkpoints in {folder}")
         return
-    raise ValueError(
+    raise ShardkitValueError(
         f"checkpoint folder {folder} already holds checkpoints; fix: add --resume to continue "
         "from them, or pass another --checkpoint-dir."
     )

@@ -29,7 +29,7 @@ from flax import nnx
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from shardkit.errors import ShardkitError
+from shardkit.errors import ShardkitError, ShardkitValueError
 from shardkit.models.common import logical_axes
 from shardkit.strategies import Auto
 from shardkit.strategies.core import drop_axis
@@ -104,9 +104,11 @@ class Trainer:
         batch_size: int | None = None,
     ):
         if not isinstance(grad_accum, int) or grad_accum < 1:
-            raise ValueError(f"grad_accum={grad_accum!r} must be an int >= 1; fix: grad_accum=1.")
+            raise ShardkitValueError(
+                f"grad_accum={grad_accum!r} must be an int >= 1; fix: grad_accum=1."
+            )
         if compute_dtype not in _DTYPES:
-            raise ValueError(
+            raise ShardkitValueError(
                 f"compute_dtype={compute_dtype!r} is not one of {sorted(_DTYPES)}; "
                 "fix: compute_dtype='bfloat16' for mixed precision."
             )
@@ -469,7 +471,7 @@ def _params_of(model):
     if isinstance(model, nnx.Module):
         _, params, rest = nnx.split(model, nnx.Param, ...)
         if jax.tree.leaves(rest):
-            raise ValueError(
+            raise ShardkitValueError(
                 "the model holds non-Param state "
                 f"({', '.join(sorted({type(v).__name__ for v in jax.tree.leaves(rest)}))}), "
                 "which Trainer does not carry; fix: keep only nnx.Param variables (no "

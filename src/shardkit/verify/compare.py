@@ -52,6 +52,7 @@ import time
 from typing import Any
 
 from shardkit.common import format_bytes
+from shardkit.errors import ShardkitTypeError, ShardkitValueError
 from shardkit.models import GPTConfig
 from shardkit.plan.cost import evaluate
 from shardkit.plan.hardware import cpu_habits, get_hardware
@@ -243,7 +244,7 @@ def compiled_model(workload: Any, remat: str, tensor: int = 1) -> tuple[Any, Any
     """
 
     if not isinstance(workload, Transformer):
-        raise TypeError(
+        raise ShardkitTypeError(
             f"Plan.verify compiles shardkit's GPT, but workload {workload.name!r} is a "
             f"{type(workload).__name__} with no model to compile; fix: compile your own step "
             "with shardkit.verify.measure(jax.jit(step, ...), *abstract_args, mesh=...)."
@@ -370,7 +371,7 @@ def verify(
     chosen = [c for c in pool if c.runnable][: max(top, 0) if candidates is None else None]
     skipped = [c for c in (pool[:top] if candidates is None else pool) if not c.runnable]
     if not chosen:
-        raise ValueError(
+        raise ShardkitValueError(
             f"none of the {len(pool)} layouts can be compiled: all are predictions only "
             "(fsdp inside pipeline stages, or sequence parallelism); fix: plan with "
             "zero=() or max_stage=1, or pass candidates=[plan.find(data=..., stage=...)]."

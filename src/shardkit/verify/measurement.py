@@ -52,6 +52,7 @@ from flax import nnx
 from jax.sharding import AbstractMesh, AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from shardkit.errors import ShardkitValueError
 from shardkit.inspection import inspect
 from shardkit.inspection.audit import collectives_of
 from shardkit.inspection.hlo import execution_counts, parse_hlo
@@ -312,7 +313,7 @@ def measure(
     """
 
     if not isinstance(mesh, Mesh | AbstractMesh):
-        raise ValueError(
+        raise ShardkitValueError(
             f"measure(mesh=...) needs a jax.sharding.Mesh or AbstractMesh, got "
             f"{type(mesh).__name__}; fix: mesh=jax.sharding.AbstractMesh((512,), ('data',))."
         )
@@ -408,7 +409,7 @@ def measure_gpt(
     if abstract is None:
         abstract = devices > present
     if not abstract and devices > present:
-        raise ValueError(
+        raise ShardkitValueError(
             f"measure_gpt(devices={devices}, abstract=False): only {present} devices are "
             f"present; fix: abstract=True (compile on an AbstractMesh) or devices<={present}."
         )
@@ -430,7 +431,7 @@ def measure_gpt(
     )
     divisor = trainer.batch_divisor()
     if batch % divisor:
-        raise ValueError(
+        raise ShardkitValueError(
             f"measure_gpt(batch={batch}) does not divide over the batch-splitting mesh axes "
             f"x grad_accum={grad_accum} ({divisor}) of mesh {axes}; fix: batch="
             f"{max(divisor, batch // divisor * divisor)}."
