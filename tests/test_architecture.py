@@ -211,3 +211,22 @@ def test_shardkit_raises_its_own_errors():
                 if isinstance(func, ast.Name) and func.id in builtin:
                     bare.append(f"{mod}:{node.lineno} raises {func.id}")
     assert bare == []
+
+
+@pytest.mark.parametrize("old,new", [("measure", "measurement"), ("verify", "compare")])
+def test_the_moved_planner_modules_still_import_and_warn(old, new):
+    import subprocess
+    import sys
+
+    code = (
+        "import warnings, importlib\n"
+        "with warnings.catch_warnings(record=True) as w:\n"
+        "    warnings.simplefilter('always')\n"
+        f"    a = importlib.import_module('shardkit.plan.{old}')\n"
+        f"b = importlib.import_module('shardkit.verify.{new}')\n"
+        "assert a is b, (a, b)\n"
+        "assert any(issubclass(x.category, DeprecationWarning) and 'shardkit.verify' in "
+        "str(x.message) for x in w), [str(x.message) for x in w]\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
