@@ -22,6 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TextIO
 
+import jax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
@@ -147,10 +148,6 @@ def layout_of(
                     "show/layout_of: shape= needs sharding= or mesh= (and spec=)."
                 )
             spec = PartitionSpec() if spec is None else spec
-            import jax
-
-            from shardkit.linter import lint
-
             leaf = {"array": jax.ShapeDtypeStruct(shape, _parse_dtype(dtype))}
             lint(leaf, spec, mesh).raise_if_errors()
             sharding = NamedSharding(mesh, spec)

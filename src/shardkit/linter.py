@@ -13,6 +13,7 @@ table, and able to raise the first error as a precise exception.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,7 +28,7 @@ from shardkit.leaves import leaf_path_items, leaf_shape_dtype
 
 __all__ = [
     "DuplicateMeshAxisError",
-    "Finding",
+    "LintFinding",
     "IndivisibleShardingError",
     "LeafLayout",
     "LintReport",
@@ -69,7 +70,7 @@ _ERRORS: dict[str, type[ShardingRuleError]] = {
 
 
 @dataclass(frozen=True)
-class Finding:
+class LintFinding:
     """One problem: ``code`` is one of unmatched, unknown-axis, duplicate-axis, rank,
     indivisible; ``severity`` is ``"error"`` or ``"warning"``."""
 
@@ -147,14 +148,14 @@ def _dividing_meshes(
 
 def check_leaf(
     path: str, shape: tuple[int, ...], spec: PartitionSpec, sizes: Mapping[str, int] | None
-) -> list[Finding]:
+) -> list[LintFinding]:
     """All findings for one leaf's spec against its shape and the mesh axis sizes."""
-    out: list[Finding] = []
+    out: list[LintFinding] = []
     where = f"leaf {path!r} shape {shape} spec {spec}"
     mesh_txt = f" on mesh {_fmt_sizes(sizes)}" if sizes is not None else ""
     if len(spec) > len(shape):
         out.append(
-            Finding(
+            LintFinding(
                 path,
                 "rank",
                 "error",
@@ -167,7 +168,7 @@ def check_leaf(
     axes_used = [a for _, axes in spec_axes(spec) for a in axes]
     for a in sorted({a for a in axes_used if axes_used.count(a) > 1}):
         out.append(
-            Finding(
+            LintFinding(
                 path,
                 "duplicate-axis",
                 "error",
@@ -181,7 +182,7 @@ def check_leaf(
     unknown = sorted({a for a in axes_used if a not in sizes})
     for a in unknown:
         out.append(
-            Finding(
+            LintFinding(
                 path,
                 "unknown-axis",
                 "error",
@@ -204,7 +205,7 @@ def check_leaf(
             )
             axes_txt = " x ".join(f"{a!r} (size {sizes[a]})" for a in axes)
             out.append(
-                Finding(
+                LintFinding(
                     path,
                     "indivisible",
                     "error",
@@ -230,13 +231,13 @@ def _bytes(shape: tuple[int, ...], dtype: np.dtype, spec: PartitionSpec | None, 
 class LintReport:
     """What :func:`lint` found: ``findings`` (problems) and ``leaves`` (each leaf's layout)."""
 
-    findings: list[Finding]
+    findings: list[LintFinding]
     leaves: list[LeafLayout]
     mesh_sizes: dict[str, int] | None
     top: int = field(default=5, repr=False)
 
     @property
-    def errors(self) -> list[Finding]:
+    def errors(self) -> list[LintFinding]:
         return [f for f in self.findings if f.severity == "error"]
 
     @property
@@ -383,13 +384,13 @@ def lint(tree: Any, rules_or_specs: Any, mesh: Any = None, *, top: int = 5) -> L
             )
         assigned = [(s if s is not None else PartitionSpec(), "spec") for s in spec_leaves]
 
-    findings: list[Finding] = []
+    findings: list[LintFinding] = []
     leaves: list[LeafLayout] = []
     for (path, leaf), (spec, source) in zip(items, assigned, strict=True):
         shape, dtype = leaf_shape_dtype(leaf)
         if spec is None:
             findings.append(
-                Finding(
+                LintFinding(
                     path,
                     "unmatched",
                     "error",
@@ -416,3 +417,15 @@ def lint(tree: Any, rules_or_specs: Any, mesh: Any = None, *, top: int = 5) -> L
             )
         )
     return LintReport(findings=findings, leaves=leaves, mesh_sizes=sizes, top=top)
+
+
+def __getattr__(name: str):
+    if name == "Finding":  # renamed: one class per name (inspection has its Finding)
+        warnings.warn(
+            "shardkit.linter.Finding is now shardkit.linter.LintFinding; the old name goes in "
+            "the next release.",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return LintFinding
+    raise AttributeError(f"module 'shardkit.linter' has no attribute {name!r}")

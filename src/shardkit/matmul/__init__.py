@@ -20,8 +20,9 @@ Example:
 
 import sys
 import types
+import warnings
 
-from shardkit.matmul._layout import Collective as Collective
+from shardkit.matmul._layout import MatmulCollective as MatmulCollective
 from shardkit.matmul._layout import MatmulLayoutError as MatmulLayoutError
 from shardkit.matmul._layout import Method as Method
 from shardkit.matmul.api import compile_matmul as compile_matmul
@@ -35,7 +36,7 @@ from shardkit.matmul.cost import explain as explain
 __all__ = [
     "ALGORITHMS",
     "ChainPlan",
-    "Collective",
+    "MatmulCollective",
     "Explanation",
     "MatmulLayoutError",
     "Method",
@@ -54,3 +55,15 @@ class _CallableModule(types.ModuleType):
 
 
 sys.modules[__name__].__class__ = _CallableModule
+
+
+def __getattr__(name: str):
+    if name == "Collective":  # renamed: one class per name (inspection has its Collective)
+        warnings.warn(
+            "shardkit.matmul.Collective is now shardkit.matmul.MatmulCollective; the old name "
+            "goes in the next release.",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return MatmulCollective
+    raise AttributeError(f"module 'shardkit.matmul' has no attribute {name!r}")

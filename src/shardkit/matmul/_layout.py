@@ -27,7 +27,7 @@ class MatmulLayoutError(ShardkitError, ValueError):
 
 
 @dataclasses.dataclass(frozen=True)
-class Collective:
+class MatmulCollective:
     """One kind of collective an algorithm emits.
 
     Attributes:
@@ -58,7 +58,7 @@ class Method:
 
     algorithm: str
     out_spec: Spec
-    collectives: tuple[Collective, ...]
+    collectives: tuple[MatmulCollective, ...]
     peak_bytes: int
     flops: int
     detail: str
@@ -79,7 +79,7 @@ class Method:
 
 
 @dataclasses.dataclass(frozen=True)
-class Layout:
+class MatmulLayout:
     """Shapes, dtype and specs of one product C[M, N] = A[M, K] @ B[K, N] on a mesh."""
 
     mesh: Mesh
@@ -196,7 +196,7 @@ def layout_of(
     mesh: Mesh | None = None,
     a_spec: object = None,
     b_spec: object = None,
-) -> Layout:
+) -> MatmulLayout:
     """Reads and validates the layout of A @ B from the operands' NamedShardings.
 
     Raises:
@@ -248,7 +248,7 @@ def layout_of(
     check_divisible(tuple(a.shape), sa, mesh, name="A")
     check_divisible(tuple(b.shape), sb, mesh, name="B")
     dtype = jnp.result_type(a.dtype, b.dtype)
-    return Layout(mesh, a.shape[0], a.shape[1], b.shape[1], dtype.itemsize, sa, sb)
+    return MatmulLayout(mesh, a.shape[0], a.shape[1], b.shape[1], dtype.itemsize, sa, sb)
 
 
 def pspec(spec: Sequence[str | None]) -> P:
@@ -288,3 +288,6 @@ def ring_bytes(kind: str, local: int, p: int) -> int:
 
 def lcm(a: int, b: int) -> int:
     return a * b // math.gcd(a, b)
+
+
+Layout = MatmulLayout  # its name in earlier releases (shardkit.layout has a Layout too)

@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Num
 
-from shardkit.matmul._layout import Layout, Method, layout_of, normalize_spec
+from shardkit.matmul._layout import MatmulLayout, Method, layout_of, normalize_spec
 from shardkit.matmul.cases import run_recipe
 from shardkit.matmul.collective import build_collective
 from shardkit.matmul.cost import fit
@@ -19,7 +19,7 @@ __all__ = ["compile_matmul", "kernel", "matmul"]
 
 
 @functools.lru_cache(maxsize=256)
-def kernel(L: Layout, method: Method, dtype: jnp.dtype):
+def kernel(L: MatmulLayout, method: Method, dtype: jnp.dtype):
     """The jitted ``(A, B) -> C`` for a fitted method; cached so repeated calls reuse it."""
     if method.algorithm == "collective":
         return build_collective(L, method, dtype)

@@ -29,8 +29,8 @@ from jax import lax
 from jax.sharding import AxisType, NamedSharding
 
 from shardkit.matmul._layout import (
-    Collective,
-    Layout,
+    MatmulCollective,
+    MatmulLayout,
     MatmulLayoutError,
     Method,
     Spec,
@@ -51,7 +51,7 @@ def _check_out(out: Spec) -> None:
         )
 
 
-def _fix_output(L: Layout, nat: Spec, out: Spec, coll: list, recipe: list) -> int:
+def _fix_output(L: MatmulLayout, nat: Spec, out: Spec, coll: list, recipe: list) -> int:
     """Gathers then slices C from ``nat`` to ``out``; returns the peak extra bytes."""
     cur = list(nat)
     extra = 0
@@ -59,7 +59,7 @@ def _fix_output(L: Layout, nat: Spec, out: Spec, coll: list, recipe: list) -> in
         if cur[d] is not None and cur[d] != out[d]:
             before = L.c_bytes(tuple(cur))
             coll.append(
-                Collective(
+                MatmulCollective(
                     "all-gather", cur[d], 1, ring_bytes("all-gather", before, L.size(cur[d]))
                 )
             )
@@ -78,28 +78,28 @@ def _fix_output(L: Layout, nat: Spec, out: Spec, coll: list, recipe: list) -> in
     return extra
 
 
-def fit_allgather(L: Layout, out: Spec | None) -> Method:
+def fit_allgather(L: MatmulLayout, out: Spec | None) -> Method:
     """Cases 1, 2 and 4: all-gather what blocks a local product, multiply, fix the output.
 
     Raises:
         MatmulLayoutError: ``out`` names one mesh axis twice.
     """
     (am, ak), (bk, bn) = L.a_spec, L.b_spec
-    coll: list[Collective] = []
+    coll: list[MatmulCollective] = []
     recipe: list[tuple] = []
     a2, b2 = [am, ak], [bk, bn]
     peak = L.a_bytes + L.b_bytes
     notes = []
     if ak is not None:
         coll.append(
-            Collective("all-gather", ak, 1, ring_bytes("all-gather", L.a_bytes, L.size(ak)))
+            MatmulCollective("all-gather", ak, 1, ring_bytes("all-gather", L.a_bytes, L.size(ak)))
         )
         recipe.append(("gather", "A", 1, ak))
         a2[1] = None
         notes.append(f"all-gather A over {ak!r} on K")
     if bk is not None:
         coll.append(
-            Collective("all-gather", bk, 1, ring_bytes("all-gather", L.b_bytes, L.size(bk)))
+            MatmulCollective("all-gather", bk, 1, ring_bytes("all-gather", L.b_bytes, L.size(bk)))
         )
         recipe.append(("gather", "B", 0, bk))
         b2[0] = None
@@ -110,14 +110,14 @@ def fit_allgather(L: Layout, out: Spec | None) -> Method:
         gather_a = out[1] == am if out is not None and am in out else a_now <= b_now
         if gather_a:
             coll.append(
-                Collective("all-gather", am, 1, ring_bytes("all-gather", a_now, L.size(am)))
+                MatmulCollective("all-gather", am, 1, ring_bytes("all-gather", a_now, L.size(am)))
             )
             recipe.append(("gather", "A", 0, am))
             a2[0] = None
             notes.append(f"all-gather A over {am!r} on M (case 4)")
         else:
             coll.append(
-                Collective("all-gather", bn, 1, ring_bytes("all-gather", b_now, L.size(bn)))
+                MatmulCollective("all-gather", bn, 1, ring_bytes("all-gather", b_now, L.size(bn)))
             )
             recipe.append(("gather", "B", 1, bn))
             b2[1] = None
@@ -146,7 +146,7 @@ def fit_allgather(L: Layout, out: Spec | None) -> Method:
     )
 
 
-def fit_reduce_scatter(L: Layout, out: Spec | None) -> Method:
+def fit_reduce_scatter(L: MatmulLayout, out: Spec | None) -> Method:
     """Case 3: local products of K-blocks, then reduce-scatter (or all-reduce) over that axis.
 
     An operand not sharded on K is sliced locally on K, which costs no communication.
@@ -176,7 +176,7 @@ def fit_reduce_scatter(L: Layout, out: Spec | None) -> Method:
             f"{b_txt}: a mesh axis would shard two dims of one product. Fix: "
             "algorithm='allgather', or keep M and N off that mesh axis."
         )
-    coll: list[Collective] = []
+    coll: list[MatmulCollective] = []
     recipe: list[tuple] = []
     if ak is None:
         recipe.append(("slice", "A", 1, x))
@@ -191,7 +191,7 @@ def fit_reduce_scatter(L: Layout, out: Spec | None) -> Method:
     if x in out and nat[out.index(x)] is None:
         d = out.index(x)
         coll.append(
-            Collective(
+            MatmulCollective(
                 "reduce-scatter", x, 1, ring_bytes("reduce-scatter", partial_bytes, L.size(x))
             )
         )
@@ -200,7 +200,7 @@ def fit_reduce_scatter(L: Layout, out: Spec | None) -> Method:
         detail = f"local K-block products, reduce-scatter over {x!r} on dim {d} (case 3)"
     else:
         coll.append(
-            Collective("all-reduce", x, 1, ring_bytes("all-reduce", partial_bytes, L.size(x)))
+            MatmulCollective("all-reduce", x, 1, ring_bytes("all-reduce", partial_bytes, L.size(x)))
         )
         recipe.append(("psum", "C", 0, x))
         detail = f"local K-block products, all-reduce over {x!r} (case 3)"
@@ -222,7 +222,7 @@ def fit_reduce_scatter(L: Layout, out: Spec | None) -> Method:
     )
 
 
-def fit_gspmd(L: Layout, out: Spec | None) -> Method:
+def fit_gspmd(L: MatmulLayout, out: Spec | None) -> Method:
     """``jnp.matmul`` under ``jax.jit`` with the output sharding given; the compiler communicates.
 
     Its collectives are whatever the partitioner picks, so none are predicted here.
@@ -256,7 +256,9 @@ def _slice(x: jax.Array, dim: int, axis: str, p: int) -> jax.Array:
     return lax.dynamic_slice_in_dim(x, lax.axis_index(axis) * size, size, axis=dim)
 
 
-def run_recipe(L: Layout, method: Method, dtype) -> Callable[[jax.Array, jax.Array], jax.Array]:
+def run_recipe(
+    L: MatmulLayout, method: Method, dtype
+) -> Callable[[jax.Array, jax.Array], jax.Array]:
     """Builds the jitted function ``(A, B) -> C`` that runs ``method`` on layout ``L``."""
     mesh, out = L.mesh, method.out_spec
     if method.recipe == (("gspmd",),):

@@ -34,7 +34,7 @@ from jax.sharding import PartitionSpec as P
 
 from shardkit.errors import ShardkitTypeError
 from shardkit.matmul._layout import (
-    Layout,
+    MatmulLayout,
     MatmulLayoutError,
     Method,
     Spec,
@@ -57,7 +57,7 @@ class ChainStep:
 
     left: Tree
     right: Tree
-    layout: Layout
+    layout: MatmulLayout
     method: Method
 
 
@@ -75,10 +75,10 @@ def candidate_specs(mesh: Mesh, rows: int, cols: int) -> list[Spec]:
 
 @functools.lru_cache(maxsize=65536)
 def _method(mesh: Mesh, m: int, k: int, n: int, isz: int, sa: Spec, sb: Spec, so: Spec) -> Method:
-    return choose(Layout(mesh, m, k, n, isz, sa, sb), so)
+    return choose(MatmulLayout(mesh, m, k, n, isz, sa, sb), so)
 
 
-def product_method(layout: Layout, out: Spec) -> Method:
+def product_method(layout: MatmulLayout, out: Spec) -> Method:
     """The cheapest hand-written algorithm for one product into layout ``out`` (cached)."""
     L = layout
     return _method(L.mesh, L.m, L.k, L.n, L.itemsize, L.a_spec, L.b_spec, out)
@@ -234,7 +234,7 @@ def chain(
             for k in range(i, j):
                 for sl, (kl, tl, stl) in best[(i, k)].items():
                     for sr, (kr, tr, str_) in best[(k + 1, j)].items():
-                        lay = Layout(mesh, dims[i], dims[k + 1], dims[j + 1], isz, sl, sr)
+                        lay = MatmulLayout(mesh, dims[i], dims[k + 1], dims[j + 1], isz, sl, sr)
                         for so in outs:
                             m = product_method(lay, so)
                             key = tuple(a + b + c for a, b, c in zip(kl, kr, _key(m), strict=True))

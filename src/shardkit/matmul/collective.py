@@ -1,4 +1,4 @@
-"""Collective matmul: all-gather-matmul and matmul-reduce-scatter as ``ppermute`` rings.
+"""MatmulCollective matmul: all-gather-matmul and matmul-reduce-scatter as ``ppermute`` rings.
 
 Instead of gathering a whole operand and then multiplying, each device multiplies the block it
 holds while the next block travels to it around a ring over mesh axis X of size P; after P-1
@@ -35,8 +35,8 @@ from jax import lax
 from jax.sharding import NamedSharding
 
 from shardkit.matmul._layout import (
-    Collective,
-    Layout,
+    MatmulCollective,
+    MatmulLayout,
     MatmulLayoutError,
     Method,
     Spec,
@@ -49,13 +49,13 @@ from shardkit.matmul._tiles import add_product, tile_count
 __all__ = ["build_collective", "fit_collective"]
 
 
-def _no_fit(L: Layout, why: str, fix: str) -> MatmulLayoutError:
+def _no_fit(L: MatmulLayout, why: str, fix: str) -> MatmulLayoutError:
     a = fmt_layout("A", L.a_spec, ("M", "K"))
     b = fmt_layout("B", L.b_spec, ("K", "N"))
     return MatmulLayoutError(f"algorithm='collective' does not fit {a} @ {b}: {why}. Fix: {fix}")
 
 
-def fit_collective(L: Layout, out: Spec | None, *, bidirectional: bool = False) -> Method:
+def fit_collective(L: MatmulLayout, out: Spec | None, *, bidirectional: bool = False) -> Method:
     """Picks the ring form for a layout and predicts its collective-permutes and memory.
 
     Raises:
@@ -137,7 +137,7 @@ def fit_collective(L: Layout, out: Spec | None, *, bidirectional: bool = False) 
             "bidirectional=False, or an even block size",
         )
     n_perm = (p - 1) * (2 if bidirectional else 1)
-    coll = (Collective("collective-permute", x, n_perm, panel * (p - 1)),) if p > 1 else ()
+    coll = (MatmulCollective("collective-permute", x, n_perm, panel * (p - 1)),) if p > 1 else ()
     a_used = (am, x if form.startswith("rs") and ak is None else ak)
     b_used = (x if form.startswith("rs") and bk is None else bk, bn)
     if form.startswith("ag"):
@@ -272,7 +272,7 @@ def _ring_reduce_scatter(contrib, axis: str, p: int, size: int, bidirectional: b
 
 
 def build_collective(
-    L: Layout, method: Method, dtype
+    L: MatmulLayout, method: Method, dtype
 ) -> Callable[[jax.Array, jax.Array], jax.Array]:
     """The jitted ``(A, B) -> C`` running the ring chosen by :func:`fit_collective`."""
     form, x, bidi, tiles, cut_axis = method.recipe

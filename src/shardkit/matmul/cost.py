@@ -26,7 +26,7 @@ import jax
 
 from shardkit.errors import ShardkitValueError
 from shardkit.matmul._layout import (
-    Layout,
+    MatmulLayout,
     MatmulLayoutError,
     Method,
     Spec,
@@ -45,7 +45,9 @@ ALGORITHMS = ("auto", "gspmd", "allgather", "reduce_scatter", "collective", "sum
 _ORDER = ("allgather", "reduce_scatter", "collective", "summa")
 
 
-def fit(L: Layout, algorithm: str, out: Spec | None, *, bidirectional: bool = False) -> Method:
+def fit(
+    L: MatmulLayout, algorithm: str, out: Spec | None, *, bidirectional: bool = False
+) -> Method:
     """The :class:`Method` of one named algorithm on layout ``L``.
 
     Raises:
@@ -71,7 +73,7 @@ def fit(L: Layout, algorithm: str, out: Spec | None, *, bidirectional: bool = Fa
     )
 
 
-def candidates(L: Layout, out: Spec | None) -> list[tuple[str, Method | MatmulLayoutError]]:
+def candidates(L: MatmulLayout, out: Spec | None) -> list[tuple[str, Method | MatmulLayoutError]]:
     """Every hand-written algorithm with its Method, or the reason it does not fit."""
     result: list[tuple[str, Method | MatmulLayoutError]] = []
     for name in _ORDER:
@@ -96,10 +98,10 @@ def _rank(item: tuple[str, Method]) -> tuple:
     )
 
 
-def choose(L: Layout, out: Spec | None) -> Method:
+def choose(L: MatmulLayout, out: Spec | None) -> Method:
     """The fitting algorithm with the fewest bytes moved (then lowest peak memory, FLOPs).
 
-    ``"allgather"`` fits every layout, so a choice always exists. Collective matmul is ranked
+    ``"allgather"`` fits every layout, so a choice always exists. MatmulCollective matmul is ranked
     by its unidirectional form; pass ``algorithm="collective", bidirectional=True`` to force the
     other.
     """
@@ -120,7 +122,7 @@ class Explanation:
         rows: every algorithm with its Method, or the error saying why it does not fit.
     """
 
-    layout: Layout
+    layout: MatmulLayout
     chosen: Method
     rows: tuple[tuple[str, Method | MatmulLayoutError], ...]
 

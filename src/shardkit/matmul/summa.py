@@ -31,8 +31,8 @@ from jax import lax
 from jax.sharding import NamedSharding
 
 from shardkit.matmul._layout import (
-    Collective,
-    Layout,
+    MatmulCollective,
+    MatmulLayout,
     MatmulLayoutError,
     Method,
     Spec,
@@ -47,7 +47,7 @@ from shardkit.matmul._tiles import add_product, tile_count
 __all__ = ["build_summa", "fit_summa"]
 
 
-def fit_summa(L: Layout, out: Spec | None) -> Method:
+def fit_summa(L: MatmulLayout, out: Spec | None) -> Method:
     """Checks the SUMMA layout and predicts its panel broadcasts and memory.
 
     Raises:
@@ -83,11 +83,11 @@ def fit_summa(L: Layout, out: Spec | None) -> Method:
     coll = []
     if pc > 1:
         coll.append(
-            Collective("all-reduce", c, steps, steps * ring_bytes("all-reduce", a_panel, pc))
+            MatmulCollective("all-reduce", c, steps, steps * ring_bytes("all-reduce", a_panel, pc))
         )
     if pr > 1:
         coll.append(
-            Collective("all-reduce", r, steps, steps * ring_bytes("all-reduce", b_panel, pr))
+            MatmulCollective("all-reduce", r, steps, steps * ring_bytes("all-reduce", b_panel, pr))
         )
     # A broadcast holds each panel twice (the masked send buffer and the received sum); the
     # panel product is added to C in tiles of 1/P^2 of the block (P devices), each with the
@@ -110,7 +110,9 @@ def fit_summa(L: Layout, out: Spec | None) -> Method:
     )
 
 
-def build_summa(L: Layout, method: Method, dtype) -> Callable[[jax.Array, jax.Array], jax.Array]:
+def build_summa(
+    L: MatmulLayout, method: Method, dtype
+) -> Callable[[jax.Array, jax.Array], jax.Array]:
     """The jitted ``(A, B) -> C`` running SUMMA as fitted by :func:`fit_summa`."""
     r, c, steps, tiles, cut = method.recipe
     pr, pc = L.size(r), L.size(c)

@@ -191,7 +191,7 @@ class PipelinedValueAndGrad:
             autodiff).
         steps: lockstep steps the executor scans over (``table.steps``; ``m + p - 1`` for
             GPipe by autodiff).
-        plan: the buffer slots (:class:`~shardkit.pipeline.slots.Plan`; None for autodiff).
+        plan: the buffer slots (:class:`~shardkit.pipeline.slots.SlotPlan`; None for autodiff).
     """
 
     def __init__(self, run, *, schedule, table, steps, plan):
@@ -255,7 +255,7 @@ def _last(stage_fn, last_fn):
     return fn
 
 
-def _table_body(stage_fn, last_fn, plan: sl.Plan, *, stage_axis, v, input_grad, stash_policy):
+def _table_body(stage_fn, last_fn, plan: sl.SlotPlan, *, stage_axis, v, input_grad, stash_policy):
     tbl = plan.table
     p, L = tbl.p, tbl.lanes
     m = tbl.m

@@ -37,7 +37,7 @@ RX, RG, FLANE, BLANE = range(4)
 
 
 @dataclasses.dataclass(frozen=True)
-class Plan:
+class SlotPlan:
     """Slot assignment of a :class:`~shardkit.pipeline.Table` for the executor.
 
     Attributes:
@@ -83,7 +83,7 @@ def _colour(intervals: dict) -> tuple[dict, int]:
     return out, len(free_at)
 
 
-def plan(tbl: Table, *, stash: bool) -> Plan:
+def plan(tbl: Table, *, stash: bool) -> SlotPlan:
     """Assigns buffer slots to every value of ``tbl`` and packs the executor's columns.
 
     Args:
@@ -91,7 +91,7 @@ def plan(tbl: Table, *, stash: bool) -> Plan:
         stash: keep backward residuals from the forward (else keep only the stage input).
 
     Returns:
-        The :class:`Plan`.
+        The :class:`SlotPlan`.
 
     Raises:
         RuntimeError: the table breaks the lockstep contract (a value used at or before the
@@ -238,7 +238,7 @@ def plan(tbl: Table, *, stash: bool) -> Plan:
                     rg = gsl[(d, i, s - 1)]
             cols[t, d, tail + RX] = rx
             cols[t, d, tail + RG] = rg
-    return Plan(
+    return SlotPlan(
         table=tbl,
         stash=stash,
         cols=cols,
