@@ -360,46 +360,22 @@ def verify(
     """
 
     cpu = get_hardware("cpu")  # the running XLA:CPU's habits (`hardware.cpu_habits`)
-    cpu_dot_bytes = cpu.dot_output_bytes
     # predicted with the compiling backend's habits (XLA:CPU with f32 dots keeps bf16 matmul
     # outputs and activations in f32; with bf16 dots only the norms' inputs and the weight
     # gradients); the plan's ranking keeps the target hardware's
     backend = plan.hardware.replace(**cpu_habits())
 
     t0 = time.perf_counter()
-    pool = list(candidates) if candidates is not None else list(plan.candidates)
-    chosen = [c for c in pool if c.runnable][: max(top, 0) if candidates is None else None]
-    skipped = [c for c in (pool[:top] if candidates is None else pool) if not c.runnable]
-    if not chosen:
-        raise ShardkitValueError(
-            f"none of the {len(pool)} layouts can be compiled: all are predictions only "
-            "(fsdp inside pipeline stages, or sequence parallelism); fix: plan with "
-            "zero=() or max_stage=1, or pass candidates=[plan.find(data=..., stage=...)]."
-        )
+    chosen, skipped = _chosen(plan, top, candidates)
     checks, notes, differences = [], [], []
     counted: dict[str, list[str]] = {}
     for c in chosen:
-        cfg, twin, diffs = compiled_model(plan.workload, c.remat, c.tensor)
+        check, diffs, f32 = _check(plan.workload, c, backend, abstract)
+        checks.append(check)
         differences += [d for d in diffs if d not in differences]
-        if c.stage > 1 and c.tensor > 1 and get_precision(twin.precision).name != "fp32":
-            # XLA:CPU aborts the process compiling the pipelined step with a tensor axis in
-            # bf16 (a CHECK in its all-reduce promotion pass): compile and predict it in f32
-            twin = twin.replace(precision="fp32")
-            if _F32_NOTE not in notes:
-                notes.append(_F32_NOTE)
-        # memory as the compiled backend keeps it: XLA:CPU holds bf16 matmul outputs in f32
-        pred = evaluate(twin, backend, data=c.data, fsdp=c.fsdp, tensor=c.tensor,
-                        stage=c.stage, zero=c.zero or 3, microbatches=c.microbatches,
-                        remat=c.remat, schedule=c.schedule or "1f1b", virtual=c.virtual,
-                        dot_bytes=cpu_dot_bytes)  # fmt: skip
-        precision = "float32" if get_precision(twin.precision).name == "fp32" else "bfloat16"
-        m = measure_module.measure_gpt(cfg, c.strategy(), devices=c.devices, batch=twin.batch,
-                        grad_accum=c.microbatches if c.stage == 1 else 1,
-                        precision=precision,
-                        abstract=abstract)  # fmt: skip
-        rows = _rows(pred, m, twin)
-        checks.append(Check(candidate=c, predicted=pred, measurement=m, rows=rows))
-        for n in m.notes:  # "18 collective(s) ...": one note per kind, counts summed
+        if f32 and _F32_NOTE not in notes:
+            notes.append(_F32_NOTE)
+        for n in check.measurement.notes:  # "18 collective(s) ...": one per kind, summed
             count, _, rest = n.partition(" ")
             if count.isdigit():
                 counted.setdefault(rest, []).append(count)
@@ -413,6 +389,56 @@ def verify(
             0,
             "compiled as shardkit's GPT, predicted again for it: " + "; ".join(differences),
         )
+    notes += _notes(plan, checks, skipped, cpu)
+    title = (
+        f"verify: {plan.workload.name} on {plan.devices} x {plan.hardware.name}, batch "
+        f"{plan.workload.batch}: predicted vs compiled (XLA:CPU), per device per step"
+    )
+    result = Verification(title, tuple(checks), tuple(notes), time.perf_counter() - t0)
+    if not quiet:
+        print(result.render())
+    return result
+
+
+def _chosen(plan: Any, top: int, candidates: list | None) -> tuple[list, list]:
+    """The layouts to compile (runnable ones) and the top ones skipped (predictions only)."""
+    pool = list(candidates) if candidates is not None else list(plan.candidates)
+    chosen = [c for c in pool if c.runnable][: max(top, 0) if candidates is None else None]
+    skipped = [c for c in (pool[:top] if candidates is None else pool) if not c.runnable]
+    if not chosen:
+        raise ShardkitValueError(
+            f"none of the {len(pool)} layouts can be compiled: all are predictions only "
+            "(fsdp inside pipeline stages, or sequence parallelism); fix: plan with "
+            "zero=() or max_stage=1, or pass candidates=[plan.find(data=..., stage=...)]."
+        )
+    return chosen, skipped
+
+
+def _check(workload: Any, c: Any, backend: Any, abstract: bool | None):
+    """One layout predicted for the compiling backend and compiled: ``(Check, the model's
+    differences from the workload, whether it was moved to float32)``."""
+    cfg, twin, diffs = compiled_model(workload, c.remat, c.tensor)
+    f32 = c.stage > 1 and c.tensor > 1 and get_precision(twin.precision).name != "fp32"
+    if f32:
+        # XLA:CPU aborts the process compiling the pipelined step with a tensor axis in
+        # bf16 (a CHECK in its all-reduce promotion pass): compile and predict it in f32
+        twin = twin.replace(precision="fp32")
+    # memory as the compiled backend keeps it: XLA:CPU holds bf16 matmul outputs in f32
+    pred = evaluate(twin, backend, data=c.data, fsdp=c.fsdp, tensor=c.tensor,
+                    stage=c.stage, zero=c.zero or 3, microbatches=c.microbatches,
+                    remat=c.remat, schedule=c.schedule or "1f1b", virtual=c.virtual,
+                    dot_bytes=backend.dot_output_bytes)  # fmt: skip
+    precision = "float32" if get_precision(twin.precision).name == "fp32" else "bfloat16"
+    m = measure_module.measure_gpt(cfg, c.strategy(), devices=c.devices, batch=twin.batch,
+                                   grad_accum=c.microbatches if c.stage == 1 else 1,
+                                   precision=precision, abstract=abstract)  # fmt: skip
+    return Check(candidate=c, predicted=pred, measurement=m, rows=_rows(pred, m, twin)), diffs, f32
+
+
+def _notes(plan: Any, checks: list, skipped: list, cpu: Any) -> list[str]:
+    """What a reader of the comparison must know: skipped rows, FLOP counting of pipelined
+    steps, and the compiling backend's memory habits."""
+    notes = []
     if skipped:
         notes.append(
             "not compiled (predictions only: shardkit does not run them): "
@@ -424,10 +450,10 @@ def verify(
             "at every step, steps x (2 x (F + B) + head); the prediction is converted to that "
             "count (the last stage executes m x (F + B + head))"
         )
-    if any(c.predicted.remat == "dots" for c in checks) and cpu_dot_bytes:
+    if any(c.predicted.remat == "dots" for c in checks) and cpu.dot_output_bytes:
         notes.append(
             "memory predicted for the backend compiled: XLA:CPU keeps bf16 matmul outputs in "
-            f"f32 ({cpu_dot_bytes} bytes per element) where GPUs and TPUs keep 2"
+            f"f32 ({cpu.dot_output_bytes} bytes per element) where GPUs and TPUs keep 2"
         )
     if get_precision(plan.workload.precision).compute < 4:
         if cpu.activation_upcast:
@@ -450,11 +476,4 @@ def verify(
         "collectives and its all-reduce-then-slice for ZeRO gradients are normalised to what "
         "GPU/TPU backends emit (raw figures in each Measurement)"
     )
-    title = (
-        f"verify: {plan.workload.name} on {plan.devices} x {plan.hardware.name}, batch "
-        f"{plan.workload.batch}: predicted vs compiled (XLA:CPU), per device per step"
-    )
-    result = Verification(title, tuple(checks), tuple(notes), time.perf_counter() - t0)
-    if not quiet:
-        print(result.render())
-    return result
+    return notes
