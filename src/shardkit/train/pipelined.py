@@ -72,7 +72,7 @@ def pipeline_of(trainer) -> Any:
 
 def _probe(trainer, pipe) -> None:
     """Builds the staged model once on abstract parameters to check it before compiling."""
-    if trainer._graphdef is None:
+    if trainer.graphdef is None:
         raise ShardkitValueError(
             "pipeline stages need a Flax NNX model with a `pipeline_stages(n)` method (like "
             "shardkit.models.GPT), not a plain parameter pytree; fix: train a GPT, or drop the "
@@ -81,7 +81,7 @@ def _probe(trainer, pipe) -> None:
     found = {}
 
     def build(params):
-        model = nnx.merge(trainer._graphdef, params)
+        model = nnx.merge(trainer.graphdef, params)
         if not hasattr(model, "pipeline_stages"):
             raise ShardkitValueError(
                 f"{type(model).__name__} has no `pipeline_stages(n)` method, so it cannot be "
@@ -119,7 +119,7 @@ def pipeline_loss_and_grads(trainer, params: Any, batch: dict) -> tuple[jax.Arra
     pipe = trainer.pipeline
     dtype = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}[trainer.compute_dtype]
     cparams = jax.tree.map(lambda p: p.astype(dtype) if p.dtype == jnp.float32 else p, params)
-    staged = nnx.merge(trainer._graphdef, cparams).pipeline_stages(pipe.n_stages)
+    staged = nnx.merge(trainer.graphdef, cparams).pipeline_stages(pipe.n_stages)
     front, stages, last = staged.split(cparams)
     inputs = batch[staged.input_key]  # (m, mb, ...)
     target = {k: v for k, v in batch.items() if k != staged.input_key}

@@ -114,7 +114,9 @@ class Trainer:
             )
         self.model_fn, self.optimizer, self.loss_fn = model_fn, optimizer, loss_fn
         self.grad_accum, self.compute_dtype = grad_accum, compute_dtype
-        self._graphdef, self.abstract_params, self.logical = _abstract_model(model_fn)
+        # graphdef: the NNX model's structure (None for a pure-function model), merged with
+        # parameters to rebuild the model inside the step
+        self.graphdef, self.abstract_params, self.logical = _abstract_model(model_fn)
         self.strategy_reason = ""
         strategy = Auto() if strategy is None else strategy
         if isinstance(strategy, Auto):
@@ -341,10 +343,10 @@ class Trainer:
     def _loss(self, params, batch):
         dtype = _DTYPES[self.compute_dtype]
         params = jax.tree.map(lambda p: p.astype(dtype) if p.dtype == jnp.float32 else p, params)
-        if self._graphdef is None:
+        if self.graphdef is None:
             model = self._constrain(params, self.compute_specs)  # FSDP all-gather
         else:
-            model = nnx.merge(self._graphdef, self._constrain(params, self._upfront_specs))
+            model = nnx.merge(self.graphdef, self._constrain(params, self._upfront_specs))
             if self._layer_specs is not None and hasattr(model, "layer_layout"):
                 model.layer_layout = self._layer_layout
         out = self.loss_fn(model, batch)
@@ -405,18 +407,29 @@ class Trainer:
         params = self._constrain(params, self.param_specs)
         return TrainState(state.step + 1, params, opt_state), {"loss": loss, **metrics}
 
+    def jit_step(self, batch_shardings: Mapping[str, Any]):
+        """The training step under `jax.jit`, as `compile_step` compiles it: state donated,
+        state and batch shardings pinned, metrics replicated.
+
+        Args:
+            batch_shardings: the sharding of each batch field (e.g. `{"inputs": ...}`).
+
+        Returns:
+            ``jitted(state, batch) -> (state, metrics)``; lower it with abstract arguments to
+            compile without allocating (as `shardkit.verify.measure_gpt` does).
+        """
+        return jax.jit(
+            self._step_fn,
+            in_shardings=(self.state_shardings, dict(batch_shardings)),
+            out_shardings=(self.state_shardings, NamedSharding(self.mesh, P())),
+            donate_argnums=(0,),
+        )
+
     def compile_step(self, batch: Mapping[str, Any]):
         """Compiles (once per batch shape) and returns the step for batches like `batch`."""
         key = tuple(sorted((k, tuple(np.shape(v)), str(v.dtype)) for k, v in batch.items()))
         if key not in self._compiled:
-            shardings = {k: v.sharding for k, v in batch.items()}
-            replicated = NamedSharding(self.mesh, P())
-            jitted = jax.jit(
-                self._step_fn,
-                in_shardings=(self.state_shardings, shardings),
-                out_shardings=(self.state_shardings, replicated),
-                donate_argnums=(0,),
-            )
+            jitted = self.jit_step({k: v.sharding for k, v in batch.items()})
             abstract_batch = {
                 k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=v.sharding)
                 for k, v in batch.items()

@@ -446,13 +446,7 @@ def measure_gpt(
     abstract_batch = {
         k: jax.ShapeDtypeStruct(shape, d, sharding=sharding) for k, d in dtypes.items()
     }
-    # the same jit as Trainer.compile_step: state donated, shardings pinned
-    step = jax.jit(
-        trainer._step_fn,
-        in_shardings=(trainer.state_shardings, {k: sharding for k in dtypes}),
-        out_shardings=(trainer.state_shardings, NamedSharding(mesh, P())),
-        donate_argnums=(0,),
-    )
+    step = trainer.jit_step({k: sharding for k in dtypes})  # as Trainer.compile_step
     zero_axis = "fsdp" if axes.get("fsdp", 1) > 1 else None
     counts = _pipeline_branch_counts(trainer.pipeline, axes) if trainer.pipeline else None
     m = measure(
