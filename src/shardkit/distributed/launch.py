@@ -159,28 +159,7 @@ def launch(
             out.write(f"[launch] {text}\n")
             out.flush()
 
-    failed: tuple[int, int] | None = None
-    start = time.monotonic()
-    try:
-        while any(p.poll() is None for p in procs):
-            for rank, p in enumerate(procs):
-                code = p.poll()
-                if code not in (None, 0) and failed is None:
-                    failed = (rank, code)
-            if failed is not None:
-                break
-            if timeout is not None and time.monotonic() - start > timeout:
-                say(f"timeout after {timeout:g} s; stopping all ranks")
-                failed = (-1, 124)
-                break
-            time.sleep(0.05)
-        else:
-            for rank, p in enumerate(procs):
-                if p.returncode and failed is None:
-                    failed = (rank, p.returncode)
-    except KeyboardInterrupt:
-        say("interrupted; stopping all ranks")
-        failed = (-1, 130)
+    failed = _watch(procs, timeout, say)
     if failed is not None and any(p.poll() is None for p in procs):
         rank, code = failed
         if rank >= 0:
@@ -192,6 +171,32 @@ def launch(
     for t in pumps:
         t.join(timeout=5)
     return 0 if failed is None else _status(failed[1])
+
+
+def _watch(procs: list[subprocess.Popen], timeout: float | None, say) -> tuple[int, int] | None:
+    """Waits for the ranks: ``(rank, status)`` of the first to fail (rank -1 for a timeout,
+    status 124, or Ctrl-C, 130), or None when all succeeded."""
+    failed: tuple[int, int] | None = None
+    start = time.monotonic()
+    try:
+        while any(p.poll() is None for p in procs):
+            for rank, p in enumerate(procs):
+                code = p.poll()
+                if code not in (None, 0) and failed is None:
+                    failed = (rank, code)
+            if failed is not None:
+                return failed
+            if timeout is not None and time.monotonic() - start > timeout:
+                say(f"timeout after {timeout:g} s; stopping all ranks")
+                return (-1, 124)
+            time.sleep(0.05)
+        for rank, p in enumerate(procs):
+            if p.returncode and failed is None:
+                failed = (rank, p.returncode)
+    except KeyboardInterrupt:
+        say("interrupted; stopping all ranks")
+        return (-1, 130)
+    return failed
 
 
 def _stop(procs: list[subprocess.Popen], grace: float) -> None:
