@@ -64,65 +64,9 @@ def fit_collective(L: MatmulLayout, out: Spec | None, *, bidirectional: bool = F
             cannot be halved for ``bidirectional=True``.
     """
     (am, ak), (bk, bn) = L.a_spec, L.b_spec
-    if ak is not None and bk is not None and ak != bk:
-        raise _no_fit(
-            L,
-            f"K is sharded over two mesh axes ({ak!r}, {bk!r})",
-            "shard K of A and B over the same mesh axis, or use algorithm='allgather'",
-        )
-    x = ak if ak is not None else bk
-    if x is None:
-        if am is None or am != bn:
-            raise _no_fit(
-                L,
-                "no dim needs communication (case 1, local product)",
-                "use algorithm='allgather', which multiplies locally here",
-            )
-        x = am
-        form = "ag_a_rows" if (out is None or out == (None, x)) else "ag_b_cols"
-    else:
-        if x in (am, bn):
-            raise _no_fit(
-                L, f"mesh axis {x!r} shards K and also M or N", "use algorithm='allgather'"
-            )
-        if am is not None and am == bn:
-            raise _no_fit(
-                L, f"mesh axis {am!r} shards both M and N besides K", "use algorithm='allgather'"
-            )
-        scatter = ak is not None and bk is not None
-        if out is not None and x in out:
-            scatter = True
-        if scatter:
-            form = "rs_rows" if (out == (x, bn) or (out is None and am is None)) else "rs_cols"
-        else:
-            form = "ag_a_k" if ak is not None else "ag_b_k"
+    form, x = _ring_form(L, out)
     p = L.size(x)
-    if form == "ag_a_rows":
-        nat, panel, extent = (None, x), L.a_bytes, L.m // p
-    elif form == "ag_b_cols":
-        nat, panel, extent = (x, None), L.b_bytes, L.n // p
-    elif form == "ag_a_k":
-        nat, panel, extent = (am, bn), L.a_bytes, L.k // p
-    elif form == "ag_b_k":
-        nat, panel, extent = (am, bn), L.b_bytes, L.k // p
-    elif form == "rs_rows":
-        if am is not None:
-            raise _no_fit(
-                L,
-                f"C rows are already sharded over {am!r}",
-                f"out_spec=P(None, {x!r}) or algorithm='reduce_scatter'",
-            )
-        nat, extent = (x, bn), L.m // p
-        panel = L.c_bytes(nat)
-    else:
-        if bn is not None:
-            raise _no_fit(
-                L,
-                f"C columns are already sharded over {bn!r}",
-                f"out_spec=P({x!r}, None) or algorithm='reduce_scatter'",
-            )
-        nat, extent = (am, x), L.n // p
-        panel = L.c_bytes(nat)
+    nat, panel, extent = _ring_output(L, form, x)
     if out is not None and out != nat:
         raise _no_fit(
             L,
@@ -144,12 +88,100 @@ def fit_collective(L: MatmulLayout, out: Spec | None, *, bidirectional: bool = F
         a_used = (None if form == "ag_a_rows" else am, None if form == "ag_a_k" else ak)
         b_used = (None if form == "ag_b_k" else bk, None if form == "ag_b_cols" else bn)
     # Live per device: own blocks, output, the block in use and the block in flight, plus what
-    # one step adds: a row form writes a product block of C; a K-form adds its product to all
-    # of C in 1/P^2 tiles (with the tile of the stationary operand each reads); a
-    # reduce-scatter form computes its partial block from windows of A and B on its K block,
-    # whole or in 1/P tiles, whichever holds less.
-    peak = L.a_bytes + L.b_bytes + L.c_bytes(nat) + 2 * panel
-    isz = L.itemsize
+    # one step adds (`_step_extra`).
+    extra, tiles, cut_axis = _step_extra(L, form, x, panel, bidirectional)
+    peak = L.a_bytes + L.b_bytes + L.c_bytes(nat) + 2 * panel + extra * L.itemsize
+    ring = "bidirectional" if bidirectional else "unidirectional"
+    return Method(
+        "collective",
+        nat,
+        coll,
+        peak,
+        L.flops(a_used, b_used),
+        f"{_FORMS[form]}; {p - 1}-step {ring} ring over {x!r}",
+        (form, x, bool(bidirectional), tiles, cut_axis),
+    )
+
+
+_FORMS = {
+    "ag_a_rows": "all-gather-matmul: A row blocks travel",
+    "ag_b_cols": "all-gather-matmul: B column blocks travel",
+    "ag_a_k": "all-gather-matmul: A K-blocks travel",
+    "ag_b_k": "all-gather-matmul: B K-blocks travel",
+    "rs_rows": "matmul-reduce-scatter: partial C row blocks travel",
+    "rs_cols": "matmul-reduce-scatter: partial C column blocks travel",
+}
+
+
+def _ring_form(L: MatmulLayout, out: Spec | None) -> tuple[str, str]:
+    """The ring form (a key of `_FORMS`) and the mesh axis it runs over."""
+    (am, ak), (bk, bn) = L.a_spec, L.b_spec
+    if ak is not None and bk is not None and ak != bk:
+        raise _no_fit(
+            L,
+            f"K is sharded over two mesh axes ({ak!r}, {bk!r})",
+            "shard K of A and B over the same mesh axis, or use algorithm='allgather'",
+        )
+    x = ak if ak is not None else bk
+    if x is None:
+        if am is None or am != bn:
+            raise _no_fit(
+                L,
+                "no dim needs communication (case 1, local product)",
+                "use algorithm='allgather', which multiplies locally here",
+            )
+        return ("ag_a_rows" if (out is None or out == (None, am)) else "ag_b_cols"), am
+    if x in (am, bn):
+        raise _no_fit(L, f"mesh axis {x!r} shards K and also M or N", "use algorithm='allgather'")
+    if am is not None and am == bn:
+        raise _no_fit(
+            L, f"mesh axis {am!r} shards both M and N besides K", "use algorithm='allgather'"
+        )
+    scatter = (ak is not None and bk is not None) or (out is not None and x in out)
+    if scatter:
+        return ("rs_rows" if (out == (x, bn) or (out is None and am is None)) else "rs_cols"), x
+    return ("ag_a_k" if ak is not None else "ag_b_k"), x
+
+
+def _ring_output(L: MatmulLayout, form: str, x: str) -> tuple[Spec, int, int]:
+    """``(C's spec, bytes of the travelling block, the dim size a step's block covers)``."""
+    (am, _), (_, bn) = L.a_spec, L.b_spec
+    p = L.size(x)
+    if form == "ag_a_rows":
+        return (None, x), L.a_bytes, L.m // p
+    if form == "ag_b_cols":
+        return (x, None), L.b_bytes, L.n // p
+    if form == "ag_a_k":
+        return (am, bn), L.a_bytes, L.k // p
+    if form == "ag_b_k":
+        return (am, bn), L.b_bytes, L.k // p
+    if form == "rs_rows":
+        if am is not None:
+            raise _no_fit(
+                L,
+                f"C rows are already sharded over {am!r}",
+                f"out_spec=P(None, {x!r}) or algorithm='reduce_scatter'",
+            )
+        return (x, bn), L.c_bytes((x, bn)), L.m // p
+    if bn is not None:
+        raise _no_fit(
+            L,
+            f"C columns are already sharded over {bn!r}",
+            f"out_spec=P({x!r}, None) or algorithm='reduce_scatter'",
+        )
+    return (am, x), L.c_bytes((am, x)), L.n // p
+
+
+def _step_extra(L: MatmulLayout, form: str, x: str, panel: int, bidirectional: bool):
+    """Elements one ring step adds to the live memory, and its tiling ``(extra, tiles, cut)``.
+
+    A row form writes a product block of C; a K-form adds its product to all of C in 1/P^2
+    tiles (with the tile of the stationary operand each reads); a reduce-scatter form computes
+    its partial block from windows of A and B on its K block, whole or in 1/P tiles,
+    whichever holds less.
+    """
+    (am, ak), (bk, bn) = L.a_spec, L.b_spec
+    p = L.size(x)
     rows, cols = L.m // L.size(am), L.n // L.size(bn)
     kb = L.k // p
     kpiece = kb // (2 if bidirectional else 1)
@@ -158,50 +190,33 @@ def fit_collective(L: MatmulLayout, out: Spec | None, *, bidirectional: bool = F
         extra = (L.m // p) * cols if form == "ag_a_rows" else rows * (L.n // p)
         if p == 2:  # no loop: XLA may run both steps' products before writing either
             extra *= 2
-    elif form == "ag_a_k":
+        return extra, tiles, cut_axis
+    if form == "ag_a_k":
         tiles = tile_count(cols, p * p)
-        extra = (rows + kpiece) * (cols // tiles)
-    elif form == "ag_b_k":
+        return (rows + kpiece) * (cols // tiles), tiles, cut_axis
+    if form == "ag_b_k":
         tiles = tile_count(rows, p * p)
-        extra = (rows // tiles) * (cols + kpiece)
-    else:  # the partial block (prows, pcols) reads a window of each operand on its K block
-        if form == "rs_rows":
-            prows, pcols = L.m // p // (2 if bidirectional else 1), cols
-        else:
-            prows, pcols = rows, L.n // p // (2 if bidirectional else 1)
-        a_copy = 0 if (prows, kb) == (rows, L.k // L.size(ak)) else prows * kb
-        b_copy = 0 if (kb, pcols) == (L.k // L.size(bk), cols) else kb * pcols
-        options = [(a_copy + b_copy, 1, 0)]
-        for cut, extent in ((0, prows), (1, pcols)):
-            t = tile_count(extent, p)
-            if t > 1:
-                tile = (prows * pcols + (prows * kb if cut == 0 else kb * pcols)) // t
-                options.append(((b_copy if cut == 0 else a_copy) + tile, t, cut))
-        extra, tiles, cut_axis = min(options)
-        if bidirectional:  # both halves' windows are live together, and tiled parts start
-            extra *= 2  # from zero-filled buffers XLA cannot place in the loop carry
-            extra += panel // isz // 2 if tiles > 1 else 0
-        if p == 2:  # no loop: XLA may compute both steps' parts before adding either
-            extra *= 2
-    peak += extra * isz
-    ring = "bidirectional" if bidirectional else "unidirectional"
-    what = {
-        "ag_a_rows": "all-gather-matmul: A row blocks travel",
-        "ag_b_cols": "all-gather-matmul: B column blocks travel",
-        "ag_a_k": "all-gather-matmul: A K-blocks travel",
-        "ag_b_k": "all-gather-matmul: B K-blocks travel",
-        "rs_rows": "matmul-reduce-scatter: partial C row blocks travel",
-        "rs_cols": "matmul-reduce-scatter: partial C column blocks travel",
-    }[form]
-    return Method(
-        "collective",
-        nat,
-        coll,
-        peak,
-        L.flops(a_used, b_used),
-        f"{what}; {p - 1}-step {ring} ring over {x!r}",
-        (form, x, bool(bidirectional), tiles, cut_axis),
-    )
+        return (rows // tiles) * (cols + kpiece), tiles, cut_axis
+    # the partial block (prows, pcols) reads a window of each operand on its K block
+    if form == "rs_rows":
+        prows, pcols = L.m // p // (2 if bidirectional else 1), cols
+    else:
+        prows, pcols = rows, L.n // p // (2 if bidirectional else 1)
+    a_copy = 0 if (prows, kb) == (rows, L.k // L.size(ak)) else prows * kb
+    b_copy = 0 if (kb, pcols) == (L.k // L.size(bk), cols) else kb * pcols
+    options = [(a_copy + b_copy, 1, 0)]
+    for cut, extent in ((0, prows), (1, pcols)):
+        t = tile_count(extent, p)
+        if t > 1:
+            tile = (prows * pcols + (prows * kb if cut == 0 else kb * pcols)) // t
+            options.append(((b_copy if cut == 0 else a_copy) + tile, t, cut))
+    extra, tiles, cut_axis = min(options)
+    if bidirectional:  # both halves' windows are live together, and tiled parts start
+        extra *= 2  # from zero-filled buffers XLA cannot place in the loop carry
+        extra += panel // L.itemsize // 2 if tiles > 1 else 0
+    if p == 2:  # no loop: XLA may compute both steps' parts before adding either
+        extra *= 2
+    return extra, tiles, cut_axis
 
 
 def _ring_gather(x, axis: str, p: int, dim: int, consume, acc, bidirectional: bool):
