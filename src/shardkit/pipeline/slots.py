@@ -97,20 +97,43 @@ def plan(tbl: Table, *, stash: bool) -> SlotPlan:
         RuntimeError: the table breaks the lockstep contract (a value used at or before the
             step that sends it).
     """
-    ops = tbl.ops
-    T, p, L, _ = ops.shape
-    v, m = tbl.virtual, tbl.m
-    S = p * v
-    width = L + 1
+    at, lane_kinds = _positions(tbl)
+    pools = _intervals(tbl, at, stash)  # x, g, res, last, cut, last cut
+    coloured = [_colour_per_device(iv, tbl.p) for iv in pools]
+    nx, ng, nr, nl, nc, nlc = (n for _, n in coloured)
+    return SlotPlan(
+        table=tbl,
+        stash=stash,
+        cols=_pack(tbl, [slots for slots, _ in coloured], (nx, ng, nr, nl, nc, nlc)),
+        x_slots=nx,
+        g_slots=ng,
+        res_slots=nr,
+        last_slots=nl,
+        lane_kinds=tuple(frozenset(k) for k in lane_kinds),
+        cut_slots=nc,
+        last_cut_slots=nlc,
+    )
+
+
+def _time(tbl: Table):
+    """Time points within the table: lane reads ``rd(t, lane)``, receives ``recv(t)``."""
+    width = tbl.lanes + 1
 
     def rd(t, lane):
         return 2 * (t * width + lane)
 
     def recv(t):
-        return 2 * (t * width + L) + 1
+        return 2 * (t * width + tbl.lanes) + 1
 
+    return rd, recv
+
+
+def _positions(tbl: Table) -> tuple[dict, list[set]]:
+    """``(kind, micro-batch, model stage) -> (step, lane)`` of every op, and each lane's kinds."""
+    ops = tbl.ops
+    T, p, L, _ = ops.shape
     at: dict[tuple[int, int, int], tuple[int, int]] = {}  # (kind, i, s) -> (t, lane)
-    lane_kinds = [set() for _ in range(L)]
+    lane_kinds: list[set] = [set() for _ in range(L)]
     for t in range(T):
         for d in range(p):
             for lane in range(L):
@@ -124,6 +147,15 @@ def plan(tbl: Table, *, stash: bool) -> SlotPlan:
                         f"{tbl.schedule}: op {key} appears twice in the table"
                     )
                 at[key] = (t, lane)
+    return at, lane_kinds
+
+
+def _intervals(tbl: Table, at: dict, stash: bool) -> tuple[dict, ...]:
+    """Live intervals ``(device, micro-batch, model stage) -> (written, last read)`` of the
+    received activations, received gradients, residuals, the last stage's residuals, and the
+    cuts BI hands to W (the last stage's apart)."""
+    p, m, S = tbl.p, tbl.m, tbl.p * tbl.virtual
+    rd, recv = _time(tbl)
 
     def uses(i, s, with_x):
         out = []
@@ -169,22 +201,26 @@ def plan(tbl: Table, *, stash: bool) -> SlotPlan:
                 if (W, i, s) in at:  # BI's cut waits for W
                     pool = lcut_iv if s == S - 1 else cut_iv
                     pool[(d, i, s)] = (rd(*at[(B, i, s)]) + 1, rd(*at[(W, i, s)]))
+    return xs_iv, gs_iv, res_iv, last_iv, cut_iv, lcut_iv
 
-    def per_device(iv):
-        slots, count = {}, 0
-        for d in range(p):
-            got, n = _colour({k: val for k, val in iv.items() if k[0] == d})
-            slots.update(got)
-            count = max(count, n)
-        return slots, count
 
-    xsl, nx = per_device(xs_iv)
-    gsl, ng = per_device(gs_iv)
-    rsl, nr = per_device(res_iv)
-    lsl, nl = per_device(last_iv)
-    csl, nc = per_device(cut_iv)
-    lcsl, nlc = per_device(lcut_iv)
+def _colour_per_device(iv: dict, p: int) -> tuple[dict, int]:
+    """Slots per device (each device's intervals coloured apart), and the most any needs."""
+    slots, count = {}, 0
+    for d in range(p):
+        got, n = _colour({k: val for k, val in iv.items() if k[0] == d})
+        slots.update(got)
+        count = max(count, n)
+    return slots, count
 
+
+def _pack(tbl: Table, slots: list[dict], counts: tuple[int, ...]) -> np.ndarray:
+    """The executor's ``int32 [T, p, lanes * LANE_COLS + 4]`` columns (see `SlotPlan.cols`)."""
+    ops = tbl.ops
+    T, p, L, _ = ops.shape
+    m = tbl.m
+    xsl, gsl, rsl, lsl, csl, lcsl = slots
+    nx, ng, nr, nl, nc, nlc = counts
     cols = np.zeros((T, p, L * LANE_COLS + 4), np.int32)
     tail = L * LANE_COLS
     for t in range(T):
@@ -222,31 +258,25 @@ def plan(tbl: Table, *, stash: bool) -> SlotPlan:
                 cols[t, d, lane * LANE_COLS : (lane + 1) * LANE_COLS] = row
             cols[t, d, tail + FLANE] = flane or 0
             cols[t, d, tail + BLANE] = blane or 0
-            # what arrives at the end of this step
-            rx, rg = nx, ng
-            src = (d - 1) % p
-            for lane in range(L):
-                k, i, c = (int(z) for z in ops[t, src, lane])
-                s = c * p + src
-                if k == F and s + 1 < S and (s + 1) % p == d:
-                    rx = xsl[(d, i, s + 1)]
-            src = (d + 1) % p
-            for lane in range(L):
-                k, i, c = (int(z) for z in ops[t, src, lane])
-                s = c * p + src
-                if k in (B, BI) and s >= 1 and (s - 1) % p == d:
-                    rg = gsl[(d, i, s - 1)]
-            cols[t, d, tail + RX] = rx
-            cols[t, d, tail + RG] = rg
-    return SlotPlan(
-        table=tbl,
-        stash=stash,
-        cols=cols,
-        x_slots=nx,
-        g_slots=ng,
-        res_slots=nr,
-        last_slots=nl,
-        lane_kinds=tuple(frozenset(k) for k in lane_kinds),
-        cut_slots=nc,
-        last_cut_slots=nlc,
-    )
+            cols[t, d, tail + RX], cols[t, d, tail + RG] = _received(tbl, t, d, xsl, gsl, nx, ng)
+    return cols
+
+
+def _received(tbl: Table, t: int, d: int, xsl: dict, gsl: dict, nx: int, ng: int):
+    """The slots where device ``d``'s activation and gradient received at the end of step
+    ``t`` land (the trash slots when nothing arrives)."""
+    ops, p, L, S = tbl.ops, tbl.p, tbl.lanes, tbl.p * tbl.virtual
+    rx, rg = nx, ng
+    src = (d - 1) % p
+    for lane in range(L):
+        k, i, c = (int(z) for z in ops[t, src, lane])
+        s = c * p + src
+        if k == F and s + 1 < S and (s + 1) % p == d:
+            rx = xsl[(d, i, s + 1)]
+    src = (d + 1) % p
+    for lane in range(L):
+        k, i, c = (int(z) for z in ops[t, src, lane])
+        s = c * p + src
+        if k in (B, BI) and s >= 1 and (s - 1) % p == d:
+            rg = gsl[(d, i, s - 1)]
+    return rx, rg
