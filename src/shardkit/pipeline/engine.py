@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -255,12 +255,44 @@ def _last(stage_fn, last_fn):
     return fn
 
 
+class _Carry(NamedTuple):
+    """The executor's loop state: the slot buffers (received activations and gradients,
+    stashed residuals, the last stage's, what BI hands W), the input cotangents, the gradient
+    accumulators and the loss."""
+
+    x: Any
+    g: Any
+    res: Any
+    last: Any
+    cut: Any
+    last_cut: Any
+    gxs: Any
+    grads: Any
+    glast: Any
+    loss: Any
+
+
+class _Buffers(NamedTuple):
+    """What a lane's branch reads: the micro-batched inputs and targets, the slot buffers and
+    the stage parameters."""
+
+    xs: Any
+    ts: Any
+    x: Any
+    g: Any
+    res: Any
+    last: Any
+    cut: Any
+    last_cut: Any
+    sp: Any
+
+
 def _table_body(stage_fn, last_fn, plan: sl.SlotPlan, *, stage_axis, v, input_grad, stash_policy):
     tbl = plan.table
     p, L = tbl.p, tbl.lanes
     m = tbl.m
     stash = plan.stash
-    cols = jnp.asarray(plan.cols)
+    rows = jax.tree.map(jnp.asarray, plan.rows())  # a StepRow of [T, p] int32 arrays
     last_fn4 = _last(stage_fn, last_fn)
     fwd_perm = [(d, (d + 1) % p) for d in range(p if v > 1 else p - 1)]
     bwd_perm = [((d + 1) % p, d) for d in range(p if v > 1 else p - 1)]
@@ -309,8 +341,18 @@ def _table_body(stage_fn, last_fn, plan: sl.SlotPlan, *, stage_axis, v, input_gr
                 # Slots are read inside the branch (only the branch that runs reads them);
                 # new residuals go out and into their slot after the switch.
                 def run(operands):
-                    idx, state, (xs, ts, xbuf, gbuf, rbuf, lbuf, cbuf, lcbuf, sp) = operands
-                    i, c, xr, gr, rr, rw, lr, lw, cr, lcr = idx
+                    r, state, bufs = operands  # r: this lane's sl.LaneRow
+                    xs, ts, sp = bufs.xs, bufs.ts, bufs.sp
+                    xbuf, gbuf, rbuf, lbuf, cbuf, lcbuf = (
+                        bufs.x,
+                        bufs.g,
+                        bufs.res,
+                        bufs.last,
+                        bufs.cut,
+                        bufs.last_cut,
+                    )
+                    i, c, xr, gr = r.mb, r.chunk, r.x_read, r.g_read
+                    rr, lr, cr, lcr = r.res_read, r.last_read, r.cut_read, r.last_cut_read
                     out = {
                         "loss": jnp.zeros((), jnp.float32),
                         "y": zeros(x0),
@@ -398,34 +440,31 @@ def _table_body(stage_fn, last_fn, plan: sl.SlotPlan, *, stage_axis, v, input_gr
         glast = zeros(lp) if grad_lanes else None
         loss = vary(jnp.zeros((), jnp.float32))
 
-        def step(carry, rows):
+        def step(carry: _Carry, rows_t):
             xbuf, gbuf, rbuf, lbuf, cbuf, lcbuf, gxs, grads, glast, loss = carry
-            row = lax.dynamic_index_in_dim(rows, d, 0, keepdims=False)
-            tail = L * sl.LANE_COLS
+            row = jax.tree.map(lambda a: lax.dynamic_index_in_dim(a, d, 0, keepdims=False), rows_t)
             ys, gs = [], []
             for lane in range(L):
                 fns, base, outs = lanes[lane]
-                col = lambda j, lane=lane: row[lane * sl.LANE_COLS + j]  # noqa: E731
-                k, c = col(sl.KIND), col(sl.CHUNK)
-                idx = tuple(col(j) for j in (sl.MB, sl.CHUNK, sl.XR, sl.GR, sl.RR, sl.RW,
-                                             sl.LR, sl.LW, sl.CR, sl.LCR))  # fmt: skip
+                r = row.lanes[lane]
+                k, c = r.kind, r.chunk
                 state = {"grads": grads, "glast": glast}
                 state = {key: val for key, val in state.items() if key in outs}
                 is_last = (d == p - 1) & (c == v - 1)
                 branch = jnp.where(k == IDLE, 0, base[k] + is_last.astype(jnp.int32))
-                bufs = (xs, ts, xbuf, gbuf, rbuf, lbuf, cbuf, lcbuf, sp)
+                bufs = _Buffers(xs, ts, xbuf, gbuf, rbuf, lbuf, cbuf, lcbuf, sp)
                 with jax.named_scope(LANE_SCOPE.format(lane)):  # see branch_counts
-                    got = lax.switch(branch, fns, (idx, state, bufs))
+                    got = lax.switch(branch, fns, (r, state, bufs))
                 loss = loss + got["loss"]
                 if "res" in got:
-                    rbuf = spmd.put(rbuf, col(sl.RW), got["res"])
-                    lbuf = spmd.put(lbuf, col(sl.LW), got["lres"])
+                    rbuf = spmd.put(rbuf, r.res_write, got["res"])
+                    lbuf = spmd.put(lbuf, r.last_write, got["lres"])
                 if "cut" in got:
-                    cbuf = spmd.put(cbuf, col(sl.CW), got["cut"])
-                    lcbuf = spmd.put(lcbuf, col(sl.LCW), got["lcut"])
+                    cbuf = spmd.put(cbuf, r.cut_write, got["cut"])
+                    lcbuf = spmd.put(lcbuf, r.last_cut_write, got["lcut"])
                 grads, glast = got.get("grads", grads), got.get("glast", glast)
                 if "gx" in got and input_grad:
-                    j = col(sl.GXI)
+                    j = r.gx_index
                     keep = j < m
                     j = jnp.minimum(j, m - 1)
                     new = jax.tree.map(
@@ -434,20 +473,19 @@ def _table_body(stage_fn, last_fn, plan: sl.SlotPlan, *, stage_axis, v, input_gr
                     gxs = spmd.put(gxs, j, new)
                 ys.append(got.get("y"))
                 gs.append(got.get("gx"))
-            y = _pick(ys, row[tail + sl.FLANE])
-            gy = _pick(gs, row[tail + sl.BLANE])
+            y = _pick(ys, row.fwd_lane)
+            gy = _pick(gs, row.bwd_lane)
             if y is not None:
                 y = jax.tree.map(lambda a: lax.ppermute(a, stage_axis, fwd_perm), y)
-                xbuf = spmd.put(xbuf, row[tail + sl.RX], y)
+                xbuf = spmd.put(xbuf, row.x_recv, y)
             if gy is not None:
                 gy = jax.tree.map(lambda a: lax.ppermute(a, stage_axis, bwd_perm), gy)
-                gbuf = spmd.put(gbuf, row[tail + sl.RG], gy)
-            return (xbuf, gbuf, rbuf, lbuf, cbuf, lcbuf, gxs, grads, glast, loss), None
+                gbuf = spmd.put(gbuf, row.g_recv, gy)
+            return _Carry(xbuf, gbuf, rbuf, lbuf, cbuf, lcbuf, gxs, grads, glast, loss), None
 
-        carry = (xbuf, gbuf, rbuf, lbuf, cbuf, lcbuf, gxs, grads, glast, loss)
-        carry, _ = lax.scan(step, carry, cols)
-        *_, gxs, grads, glast, loss = carry
-        return loss, grads, glast, gxs
+        carry = _Carry(xbuf, gbuf, rbuf, lbuf, cbuf, lcbuf, gxs, grads, glast, loss)
+        carry, _ = lax.scan(step, carry, rows)
+        return carry.loss, carry.grads, carry.glast, carry.gxs
 
     return body
 

@@ -23,6 +23,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -34,6 +35,37 @@ KIND, MB, CHUNK, XR, GR, RR, RW, LR, LW, GXI, CR, CW, LCR, LCW = range(14)
 LANE_COLS = 14
 # per-(step, device) columns, after the lanes
 RX, RG, FLANE, BLANE = range(4)
+
+
+class LaneRow(NamedTuple):
+    """What one lane of one device does at one step, and where its values live (slot
+    indices; the trash slot, index = slot count, where a lane writes or reads nothing)."""
+
+    kind: Any  # F, B, BI, W or IDLE
+    mb: Any  # micro-batch
+    chunk: Any  # the device's model chunk (interleaved schedules)
+    x_read: Any  # received activation read
+    g_read: Any  # received gradient read
+    res_read: Any  # stashed residuals read (backward)
+    res_write: Any  # residuals written (forward)
+    last_read: Any  # the last stage's residuals read
+    last_write: Any  # the last stage's residuals written
+    gx_index: Any  # where the input cotangent goes (m: nowhere)
+    cut_read: Any  # what BI handed W, read by W
+    cut_write: Any  # ... written by BI
+    last_cut_read: Any
+    last_cut_write: Any
+
+
+class StepRow(NamedTuple):
+    """One step of the table on one device: its lanes, then where what arrives lands and which
+    lane's output is sent forward and backward."""
+
+    lanes: tuple[LaneRow, ...]
+    x_recv: Any
+    g_recv: Any
+    fwd_lane: Any
+    bwd_lane: Any
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,6 +97,22 @@ class SlotPlan:
     lane_kinds: tuple[frozenset, ...]
     cut_slots: int = 0
     last_cut_slots: int = 0
+
+    def rows(self) -> StepRow:
+        """`cols` with names: a `StepRow` whose leaves are ``int32 [T, p]`` arrays, for the
+        executor to scan over."""
+        lanes = self.table.lanes
+        tail = lanes * LANE_COLS
+        return StepRow(
+            lanes=tuple(
+                LaneRow(*(self.cols[:, :, lane * LANE_COLS + j] for j in range(LANE_COLS)))
+                for lane in range(lanes)
+            ),
+            x_recv=self.cols[:, :, tail + RX],
+            g_recv=self.cols[:, :, tail + RG],
+            fwd_lane=self.cols[:, :, tail + FLANE],
+            bwd_lane=self.cols[:, :, tail + BLANE],
+        )
 
 
 def _colour(intervals: dict) -> tuple[dict, int]:
