@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -48,19 +47,11 @@ from jax.sharding import PartitionSpec as P
 from shardkit.errors import ShardkitValueError
 from shardkit.pipeline import slots as sl
 from shardkit.pipeline import spmd
-from shardkit.pipeline.residuals import Residuals
-from shardkit.pipeline.schedule import BI, IDLE, B, F, GPipe, W, table
-from shardkit.pipeline.split import SplitBackward
+from shardkit.pipeline.lockstep import LANE_SCOPE as LANE_SCOPE
+from shardkit.pipeline.lockstep import lane_branches, table_body
+from shardkit.pipeline.schedule import IDLE, GPipe, table
 
 RESIDUALS = ("recompute", "stash")
-LANE_SCOPE = "pipeline_lane{}"
-"""The ``jax.named_scope`` of lane ``l``'s ``lax.switch`` (an ``op_name`` component in HLO)."""
-
-
-def _lane_branches(kinds) -> tuple[int, ...]:
-    """The non-idle kinds of a lane, sorted: kind ``kinds[j]`` runs as branch ``1 + 2j`` (or
-    ``2 + 2j`` on the last model stage, where the loss head follows); branch 0 is idle."""
-    return tuple(sorted(set(int(k) for k in kinds) - {IDLE}))
 
 
 def branch_counts(tbl) -> tuple[np.ndarray, ...]:
@@ -88,7 +79,7 @@ def branch_counts(tbl) -> tuple[np.ndarray, ...]:
     v = tbl.virtual
     out = []
     for lane in range(L):
-        kinds = _lane_branches(ops[:, :, lane, 0].ravel())
+        kinds = lane_branches(ops[:, :, lane, 0].ravel())
         counts = np.zeros((p, 1 + 2 * len(kinds)), np.int64)
         for t in range(T):
             for d in range(p):
@@ -248,270 +239,6 @@ def _spmd(
     return loss, (gsp, glp, gxs)
 
 
-def _last(stage_fn, last_fn):
-    def fn(pc, lp, x, t):
-        return last_fn(lp, stage_fn(pc, x), t)
-
-    return fn
-
-
-class _Carry(NamedTuple):
-    """The executor's loop state: the slot buffers (received activations and gradients,
-    stashed residuals, the last stage's, what BI hands W), the input cotangents, the gradient
-    accumulators and the loss."""
-
-    x: Any
-    g: Any
-    res: Any
-    last: Any
-    cut: Any
-    last_cut: Any
-    gxs: Any
-    grads: Any
-    glast: Any
-    loss: Any
-
-
-class _Buffers(NamedTuple):
-    """What a lane's branch reads: the micro-batched inputs and targets, the slot buffers and
-    the stage parameters."""
-
-    xs: Any
-    ts: Any
-    x: Any
-    g: Any
-    res: Any
-    last: Any
-    cut: Any
-    last_cut: Any
-    sp: Any
-
-
-def _table_body(stage_fn, last_fn, plan: sl.SlotPlan, *, stage_axis, v, input_grad, stash_policy):
-    tbl = plan.table
-    p, L = tbl.p, tbl.lanes
-    m = tbl.m
-    stash = plan.stash
-    rows = jax.tree.map(jnp.asarray, plan.rows())  # a StepRow of [T, p] int32 arrays
-    last_fn4 = _last(stage_fn, last_fn)
-    fwd_perm = [(d, (d + 1) % p) for d in range(p if v > 1 else p - 1)]
-    bwd_perm = [((d + 1) % p, d) for d in range(p if v > 1 else p - 1)]
-
-    def body(sp, lp, xs, ts):
-        d = lax.axis_index(stage_axis)
-        vary = lambda t: spmd.vary(t, jax.typeof(xs).manual_axis_type.varying)  # noqa: E731
-        x0, t0 = spmd.index(xs, 0), spmd.index(ts, 0)
-        p0 = spmd.index(sp, 0)
-        loss_dtype = jax.eval_shape(last_fn4, p0, lp, x0, t0).dtype
-        has = [set(k) for k in plan.lane_kinds]
-        grad_lanes = any(has[lane] & {B, W} for lane in range(L))
-        if stash:
-            mid = Residuals(stage_fn, (p0, x0), live=(1,), policy=stash_policy)
-            end = Residuals(last_fn4, (p0, lp, x0, t0), live=(2, 3), policy=stash_policy)
-        seed = vary(jnp.asarray(1.0 / m, loss_dtype))
-        split = stash and any(W in k for k in has)
-        if split:  # BI hands W what it needs, so W runs only the weight-gradient equations
-            msplit = SplitBackward(
-                lambda st, pc, x, g: mid.vjp(st, pc, x)(g),
-                (mid.proto, p0, x0, x0), grads_of=(0,), input_grads=(1,),
-            )  # fmt: skip
-            lsplit = SplitBackward(
-                lambda st, pc, lp, x, t, s: end.vjp(st, pc, lp, x, t)(s)[:3],
-                (end.proto, p0, lp, x0, t0, seed), grads_of=(0, 1), input_grads=(2,),
-            )  # fmt: skip
-            cut_zero = vary([jnp.zeros(a.shape, a.dtype) for a in msplit.cut_proto])
-            lcut_zero = vary([jnp.zeros(a.shape, a.dtype) for a in lsplit.cut_proto])
-
-        def zeros(a):
-            return jax.tree.map(jnp.zeros_like, a)
-
-        def branches_for(lane):
-            kinds = list(_lane_branches(has[lane]))
-            outs = {"loss"}  # what this lane's branches return
-            if F in kinds:
-                outs |= {"y"} | ({"res", "lres"} if stash else set())
-            if set(kinds) & {B, BI}:
-                outs.add("gx")
-            if split and BI in kinds:
-                outs |= {"cut", "lcut"}
-            if set(kinds) & {B, W}:
-                outs |= {"grads", "glast"}
-
-            def op(kind, last):
-                # Slots are read inside the branch (only the branch that runs reads them);
-                # new residuals go out and into their slot after the switch.
-                def run(operands):
-                    r, state, bufs = operands  # r: this lane's sl.LaneRow
-                    xs, ts, sp = bufs.xs, bufs.ts, bufs.sp
-                    xbuf, gbuf, rbuf, lbuf, cbuf, lcbuf = (
-                        bufs.x,
-                        bufs.g,
-                        bufs.res,
-                        bufs.last,
-                        bufs.cut,
-                        bufs.last_cut,
-                    )
-                    i, c, xr, gr = r.mb, r.chunk, r.x_read, r.g_read
-                    rr, lr, cr, lcr = r.res_read, r.last_read, r.cut_read, r.last_cut_read
-                    out = {
-                        "loss": jnp.zeros((), jnp.float32),
-                        "y": zeros(x0),
-                        "gx": zeros(x0),
-                        "res": zeros(mid.proto) if stash else None,
-                        "lres": zeros(end.proto) if stash else None,
-                        "cut": cut_zero if split else None,
-                        "lcut": lcut_zero if split else None,
-                        **state,
-                    }
-                    if kind == IDLE:
-                        return vary({k: out[k] for k in sorted(outs)})
-                    pc = spmd.index(sp, c) if v > 1 else jax.tree.map(lambda a: a[0], sp)
-                    first = (d == 0) & (c == 0)
-                    x = jax.tree.map(
-                        lambda a, b: jnp.where(first, a, b), spmd.index(xs, i), spmd.index(xbuf, xr)
-                    )
-                    dp = dlp = None
-                    if kind == F:
-                        if stash and last:
-                            loss, res = end.forward(pc, lp, x, spmd.index(ts, i))
-                            out["lres"] = res
-                            out["loss"] = loss.astype(jnp.float32) / m
-                        elif stash:
-                            out["y"], res = mid.forward(pc, x)
-                            out["res"] = res
-                        elif not last:
-                            out["y"] = stage_fn(pc, x)
-                    elif last and split and kind in (BI, W):
-                        st, t = spmd.index(lbuf, lr), spmd.index(ts, i)
-                        if kind == BI:
-                            (out["gx"],), out["lcut"] = lsplit.bi(st, pc, lp, x, t, seed)
-                        else:
-                            cut = spmd.index(lcbuf, lcr)
-                            dp, dlp = lsplit.w(st, pc, lp, x, t, seed, cut)
-                    elif split and kind in (BI, W):
-                        st, g = spmd.index(rbuf, rr), spmd.index(gbuf, gr)
-                        if kind == BI:
-                            (out["gx"],), out["cut"] = msplit.bi(st, pc, x, g)
-                        else:
-                            (dp,) = msplit.w(st, pc, x, g, spmd.index(cbuf, cr))
-                    elif last:
-                        t = spmd.index(ts, i)
-                        if stash:
-                            fn = end.vjp(spmd.index(lbuf, lr), pc, lp, x, t)
-                        else:
-                            loss, fn = jax.vjp(lambda a, b, c: last_fn4(a, b, c, t), pc, lp, x)
-                            if kind in (B, BI):
-                                out["loss"] = loss.astype(jnp.float32) / m
-                        dp, dlp, dx = fn(seed)[:3]
-                        if kind in (B, BI):
-                            out["gx"] = dx
-                    else:
-                        if stash:
-                            fn = mid.vjp(spmd.index(rbuf, rr), pc, x)
-                        else:
-                            _, fn = jax.vjp(stage_fn, pc, x)
-                        dp, dx = fn(spmd.index(gbuf, gr))
-                        if kind in (B, BI):
-                            out["gx"] = dx
-                    if kind in (B, W):
-                        out["grads"] = _accumulate(state["grads"], dp, c, v)
-                        if dlp is not None:
-                            out["glast"] = jax.tree.map(jnp.add, state["glast"], dlp)
-                    return vary({k: out[k] for k in sorted(outs)})
-
-                return run
-
-            fns = [op(IDLE, False)] + [op(k, last) for k in kinds for last in (False, True)]
-            base = np.zeros(5, np.int32)
-            for j, k in enumerate(kinds):
-                base[k] = 1 + 2 * j
-            return fns, jnp.asarray(base), outs
-
-        lanes = [branches_for(lane) for lane in range(L)]
-
-        xbuf = spmd.buffer(x0, plan.x_slots + 1)
-        gbuf = spmd.buffer(x0, plan.g_slots + 1)
-        rbuf = spmd.buffer(mid.proto, plan.res_slots + 1) if stash else None
-        lbuf = spmd.buffer(end.proto, plan.last_slots + 1) if stash else None
-        cbuf = spmd.buffer(cut_zero, plan.cut_slots + 1) if split else None
-        lcbuf = spmd.buffer(lcut_zero, plan.last_cut_slots + 1) if split else None
-        gxs = spmd.buffer(x0, m) if input_grad else None  # the output itself: no trash slot
-        grads = zeros(sp) if grad_lanes else None
-        glast = zeros(lp) if grad_lanes else None
-        loss = vary(jnp.zeros((), jnp.float32))
-
-        def step(carry: _Carry, rows_t):
-            xbuf, gbuf, rbuf, lbuf, cbuf, lcbuf, gxs, grads, glast, loss = carry
-            row = jax.tree.map(lambda a: lax.dynamic_index_in_dim(a, d, 0, keepdims=False), rows_t)
-            ys, gs = [], []
-            for lane in range(L):
-                fns, base, outs = lanes[lane]
-                r = row.lanes[lane]
-                k, c = r.kind, r.chunk
-                state = {"grads": grads, "glast": glast}
-                state = {key: val for key, val in state.items() if key in outs}
-                is_last = (d == p - 1) & (c == v - 1)
-                branch = jnp.where(k == IDLE, 0, base[k] + is_last.astype(jnp.int32))
-                bufs = _Buffers(xs, ts, xbuf, gbuf, rbuf, lbuf, cbuf, lcbuf, sp)
-                with jax.named_scope(LANE_SCOPE.format(lane)):  # see branch_counts
-                    got = lax.switch(branch, fns, (r, state, bufs))
-                loss = loss + got["loss"]
-                if "res" in got:
-                    rbuf = spmd.put(rbuf, r.res_write, got["res"])
-                    lbuf = spmd.put(lbuf, r.last_write, got["lres"])
-                if "cut" in got:
-                    cbuf = spmd.put(cbuf, r.cut_write, got["cut"])
-                    lcbuf = spmd.put(lcbuf, r.last_cut_write, got["lcut"])
-                grads, glast = got.get("grads", grads), got.get("glast", glast)
-                if "gx" in got and input_grad:
-                    j = r.gx_index
-                    keep = j < m
-                    j = jnp.minimum(j, m - 1)
-                    new = jax.tree.map(
-                        lambda a, b, keep=keep: jnp.where(keep, a, b), got["gx"], spmd.index(gxs, j)
-                    )
-                    gxs = spmd.put(gxs, j, new)
-                ys.append(got.get("y"))
-                gs.append(got.get("gx"))
-            y = _pick(ys, row.fwd_lane)
-            gy = _pick(gs, row.bwd_lane)
-            if y is not None:
-                y = jax.tree.map(lambda a: lax.ppermute(a, stage_axis, fwd_perm), y)
-                xbuf = spmd.put(xbuf, row.x_recv, y)
-            if gy is not None:
-                gy = jax.tree.map(lambda a: lax.ppermute(a, stage_axis, bwd_perm), gy)
-                gbuf = spmd.put(gbuf, row.g_recv, gy)
-            return _Carry(xbuf, gbuf, rbuf, lbuf, cbuf, lcbuf, gxs, grads, glast, loss), None
-
-        carry = _Carry(xbuf, gbuf, rbuf, lbuf, cbuf, lcbuf, gxs, grads, glast, loss)
-        carry, _ = lax.scan(step, carry, rows)
-        return carry.loss, carry.grads, carry.glast, carry.gxs
-
-    return body
-
-
-def _accumulate(grads: Any, dp: Any, c: Any, v: int) -> Any:
-    """``grads[c] += dp`` for the ``[v, ...]`` gradient accumulator."""
-    if v == 1:
-        return jax.tree.map(lambda g, u: g + u[None], grads, dp)
-    return jax.tree.map(
-        lambda g, u: lax.dynamic_update_index_in_dim(g, spmd.index(g, c) + u, c, 0), grads, dp
-    )
-
-
-def _pick(values, lane):
-    """The lane's value among ``values`` (None where a lane never produces one)."""
-    present = [(j, a) for j, a in enumerate(values) if a is not None]
-    if not present:
-        return None
-    if len(present) == 1:
-        return present[0][1]
-    out = present[0][1]
-    for j, a in present[1:]:
-        out = jax.tree.map(lambda u, w, j=j: jnp.where(lane == j, w, u), out, a)
-    return out
-
-
 def _autodiff_body(stage_fn, last_fn, *, p, m, stage_axis, remat, input_grad):
     fn = jax.checkpoint(stage_fn) if remat else stage_fn
     perm = [(d, d + 1) for d in range(p - 1)]
@@ -628,7 +355,7 @@ def pipeline_value_and_grad(
     v = schedule.virtual
     tbl = table(schedule, p, m)
     plan = sl.plan(tbl, stash=residuals == "stash")
-    body = _table_body(
+    body = table_body(
         stage_fn, last_fn, plan, stage_axis=stage_axis, v=v, input_grad=input_grad,
         stash_policy=stash_policy,
     )  # fmt: skip
