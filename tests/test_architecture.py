@@ -254,3 +254,18 @@ def test_the_moved_planner_modules_still_import_and_warn(old, new):
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-2000:]
+
+
+def test_functions_and_modules_stay_readable():
+    # a function a reader can hold in their head; a module of one concept
+    long_functions, long_modules = [], []
+    for mod, path in modules().items():
+        text = path.read_text()
+        if len(text.splitlines()) > 600:
+            long_modules.append(f"{mod}: {len(text.splitlines())} lines")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                n = node.end_lineno - node.lineno + 1
+                if n > 100:
+                    long_functions.append(f"{mod}.{node.name}: {n} lines")
+    assert long_functions == [] and long_modules == []
