@@ -6,10 +6,11 @@ never pulls a layer above into the one that uses it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import warnings
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-__all__ = ["format_bytes", "path_str"]
+__all__ = ["deprecated_aliases", "format_bytes", "path_str"]
 
 
 def format_bytes(n: float | None, *, digits: int = 1) -> str:
@@ -44,3 +45,29 @@ def path_str(keypath: Sequence[Any]) -> str:
         'layers/0'
     """
     return "/".join(_key_str(k) for k in keypath)
+
+
+def deprecated_aliases(module: str, aliases: Mapping[str, tuple[str, Any]]) -> Callable:
+    """A module ``__getattr__`` that serves renamed names for one more release, with a
+    DeprecationWarning naming the new one.
+
+    Args:
+        module: the module's name (``__name__``).
+        aliases: old name -> (new name, the object).
+
+    Example:
+        >>> __getattr__ = deprecated_aliases(__name__, {"Finding": ("LintFinding", LintFinding)})
+    """
+
+    def __getattr__(name: str) -> Any:
+        if name in aliases:
+            new, obj = aliases[name]
+            warnings.warn(
+                f"{module}.{name} is now {module}.{new}; the old name goes in the next release.",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+            return obj
+        raise AttributeError(f"module {module!r} has no attribute {name!r}")
+
+    return __getattr__

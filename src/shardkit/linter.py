@@ -13,7 +13,6 @@ table, and able to raise the first error as a precise exception.
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,7 +21,7 @@ import jax
 import numpy as np
 from jax.sharding import PartitionSpec
 
-from shardkit.common import format_bytes
+from shardkit.common import deprecated_aliases, format_bytes
 from shardkit.errors import ShardingRuleError
 from shardkit.leaves import leaf_path_items, leaf_shape_dtype
 
@@ -419,13 +418,5 @@ def lint(tree: Any, rules_or_specs: Any, mesh: Any = None, *, top: int = 5) -> L
     return LintReport(findings=findings, leaves=leaves, mesh_sizes=sizes, top=top)
 
 
-def __getattr__(name: str):
-    if name == "Finding":  # renamed: one class per name (inspection has its Finding)
-        warnings.warn(
-            "shardkit.linter.Finding is now shardkit.linter.LintFinding; the old name goes in "
-            "the next release.",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return LintFinding
-    raise AttributeError(f"module 'shardkit.linter' has no attribute {name!r}")
+# renamed: one class per name (shardkit.inspection has its own Finding)
+__getattr__ = deprecated_aliases(__name__, {"Finding": ("LintFinding", LintFinding)})

@@ -20,8 +20,8 @@ Example:
 
 import sys
 import types
-import warnings
 
+from shardkit.common import deprecated_aliases
 from shardkit.matmul._layout import MatmulCollective as MatmulCollective
 from shardkit.matmul._layout import MatmulLayoutError as MatmulLayoutError
 from shardkit.matmul._layout import Method as Method
@@ -57,13 +57,5 @@ class _CallableModule(types.ModuleType):
 sys.modules[__name__].__class__ = _CallableModule
 
 
-def __getattr__(name: str):
-    if name == "Collective":  # renamed: one class per name (inspection has its Collective)
-        warnings.warn(
-            "shardkit.matmul.Collective is now shardkit.matmul.MatmulCollective; the old name "
-            "goes in the next release.",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return MatmulCollective
-    raise AttributeError(f"module 'shardkit.matmul' has no attribute {name!r}")
+# renamed: one class per name (shardkit.inspection has its own Collective)
+__getattr__ = deprecated_aliases(__name__, {"Collective": ("MatmulCollective", MatmulCollective)})
