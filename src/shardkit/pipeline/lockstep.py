@@ -43,10 +43,9 @@ def _last(stage_fn, last_fn):
     return fn
 
 
-class _Carry(NamedTuple):
-    """The executor's loop state: the slot buffers (received activations and gradients,
-    stashed residuals, the last stage's, what BI hands W), the input cotangents, the gradient
-    accumulators and the loss."""
+class _Slots(NamedTuple):
+    """The buffers of slots: received activations and gradients, stashed residuals, the last
+    stage's residuals, what BI hands W (the last stage's apart)."""
 
     x: Any
     g: Any
@@ -54,6 +53,13 @@ class _Carry(NamedTuple):
     last: Any
     cut: Any
     last_cut: Any
+
+
+class _Carry(NamedTuple):
+    """The executor's loop state: the slots, the input cotangents, the gradient accumulators
+    and the loss."""
+
+    slots: _Slots
     gxs: Any
     grads: Any
     glast: Any
@@ -61,17 +67,12 @@ class _Carry(NamedTuple):
 
 
 class _Buffers(NamedTuple):
-    """What a lane's branch reads: the micro-batched inputs and targets, the slot buffers and
-    the stage parameters."""
+    """What a lane's branch reads: the micro-batched inputs and targets, the slots and the
+    stage parameters."""
 
     xs: Any
     ts: Any
-    x: Any
-    g: Any
-    res: Any
-    last: Any
-    cut: Any
-    last_cut: Any
+    slots: _Slots
     sp: Any
 
 
@@ -90,13 +91,16 @@ def table_body(stage_fn, last_fn, plan: sl.SlotPlan, *, stage_axis, v, input_gra
     def body(sp, lp, xs, ts):
         tr = _trace(static, sp, lp, xs, ts)
         lanes = [_branches_for(tr, lane) for lane in range(tr.L)]
-        carry = _Carry(
+        slots = _Slots(
             x=spmd.buffer(tr.x0, plan.x_slots + 1),
             g=spmd.buffer(tr.x0, plan.g_slots + 1),
             res=spmd.buffer(tr.mid.proto, plan.res_slots + 1) if tr.stash else None,
             last=spmd.buffer(tr.end.proto, plan.last_slots + 1) if tr.stash else None,
             cut=spmd.buffer(tr.cut_zero, plan.cut_slots + 1) if tr.split else None,
             last_cut=spmd.buffer(tr.lcut_zero, plan.last_cut_slots + 1) if tr.split else None,
+        )
+        carry = _Carry(
+            slots=slots,
             gxs=spmd.buffer(tr.x0, tr.m) if input_grad else None,  # the output: no trash slot
             grads=_zeros(sp) if tr.grad_lanes else None,
             glast=_zeros(lp) if tr.grad_lanes else None,
@@ -192,7 +196,7 @@ def _run_op(tr, kind, last, outs, operands):
     pc = spmd.index(sp, c) if tr.v > 1 else jax.tree.map(lambda a: a[0], sp)
     first = (tr.d == 0) & (c == 0)
     x = jax.tree.map(
-        lambda a, b: jnp.where(first, a, b), spmd.index(xs, i), spmd.index(bufs.x, r.x_read)
+        lambda a, b: jnp.where(first, a, b), spmd.index(xs, i), spmd.index(bufs.slots.x, r.x_read)
     )
     dp = dlp = None
     if kind == F:
@@ -204,22 +208,22 @@ def _run_op(tr, kind, last, outs, operands):
         elif not last:
             out["y"] = tr.stage_fn(pc, x)
     elif last and split and kind in (BI, W):
-        st, t = spmd.index(bufs.last, r.last_read), spmd.index(ts, i)
+        st, t = spmd.index(bufs.slots.last, r.last_read), spmd.index(ts, i)
         if kind == BI:
             (out["gx"],), out["lcut"] = tr.lsplit.bi(st, pc, lp, x, t, seed)
         else:
-            cut = spmd.index(bufs.last_cut, r.last_cut_read)
+            cut = spmd.index(bufs.slots.last_cut, r.last_cut_read)
             dp, dlp = tr.lsplit.w(st, pc, lp, x, t, seed, cut)
     elif split and kind in (BI, W):
-        st, g = spmd.index(bufs.res, r.res_read), spmd.index(bufs.g, r.g_read)
+        st, g = spmd.index(bufs.slots.res, r.res_read), spmd.index(bufs.slots.g, r.g_read)
         if kind == BI:
             (out["gx"],), out["cut"] = tr.msplit.bi(st, pc, x, g)
         else:
-            (dp,) = tr.msplit.w(st, pc, x, g, spmd.index(bufs.cut, r.cut_read))
+            (dp,) = tr.msplit.w(st, pc, x, g, spmd.index(bufs.slots.cut, r.cut_read))
     elif last:
         t = spmd.index(ts, i)
         if stash:
-            fn = tr.end.vjp(spmd.index(bufs.last, r.last_read), pc, lp, x, t)
+            fn = tr.end.vjp(spmd.index(bufs.slots.last, r.last_read), pc, lp, x, t)
         else:
             loss, fn = jax.vjp(lambda a, b, c: tr.last_fn4(a, b, c, t), pc, lp, x)
             if kind in (B, BI):
@@ -229,10 +233,10 @@ def _run_op(tr, kind, last, outs, operands):
             out["gx"] = dx
     else:
         if stash:
-            fn = tr.mid.vjp(spmd.index(bufs.res, r.res_read), pc, x)
+            fn = tr.mid.vjp(spmd.index(bufs.slots.res, r.res_read), pc, x)
         else:
             _, fn = jax.vjp(tr.stage_fn, pc, x)
-        dp, dx = fn(spmd.index(bufs.g, r.g_read))
+        dp, dx = fn(spmd.index(bufs.slots.g, r.g_read))
         if kind in (B, BI):
             out["gx"] = dx
     if kind in (B, W):
@@ -244,7 +248,7 @@ def _run_op(tr, kind, last, outs, operands):
 
 def _step(tr, lanes, carry: _Carry, rows_t):
     """One step of the table on this device: each lane's op, then the sends."""
-    xbuf, gbuf, rbuf, lbuf, cbuf, lcbuf, gxs, grads, glast, loss = carry
+    (xbuf, gbuf, rbuf, lbuf, cbuf, lcbuf), gxs, grads, glast, loss = carry
     d, m = tr.d, tr.m
     row = jax.tree.map(lambda a: lax.dynamic_index_in_dim(a, d, 0, keepdims=False), rows_t)
     ys, gs = [], []
@@ -256,7 +260,7 @@ def _step(tr, lanes, carry: _Carry, rows_t):
         state = {key: val for key, val in state.items() if key in outs}
         is_last = (d == tr.p - 1) & (c == tr.v - 1)
         branch = jnp.where(k == IDLE, 0, base[k] + is_last.astype(jnp.int32))
-        bufs = _Buffers(tr.xs, tr.ts, xbuf, gbuf, rbuf, lbuf, cbuf, lcbuf, tr.sp)
+        bufs = _Buffers(tr.xs, tr.ts, _Slots(xbuf, gbuf, rbuf, lbuf, cbuf, lcbuf), tr.sp)
         with jax.named_scope(LANE_SCOPE.format(lane)):  # see branch_counts
             got = lax.switch(branch, fns, (r, state, bufs))
         loss = loss + got["loss"]
@@ -285,7 +289,7 @@ def _step(tr, lanes, carry: _Carry, rows_t):
     if gy is not None:
         gy = jax.tree.map(lambda a: lax.ppermute(a, tr.stage_axis, tr.bwd_perm), gy)
         gbuf = spmd.put(gbuf, row.g_recv, gy)
-    return _Carry(xbuf, gbuf, rbuf, lbuf, cbuf, lcbuf, gxs, grads, glast, loss), None
+    return _Carry(_Slots(xbuf, gbuf, rbuf, lbuf, cbuf, lcbuf), gxs, grads, glast, loss), None
 
 
 def _accumulate(grads: Any, dp: Any, c: Any, v: int) -> Any:
