@@ -269,3 +269,20 @@ def test_functions_and_modules_stay_readable():
                 if n > 100:
                     long_functions.append(f"{mod}.{node.name}: {n} lines")
     assert long_functions == [] and long_modules == []
+
+
+def test_every_import_inside_a_function_says_why():
+    # imports belong at the top; one that stays in a function (laziness for --help, JAX kept
+    # out of the planner) carries its reason in a comment on its line or the line above
+    silent = []
+    for mod, path in modules().items():
+        lines = path.read_text().splitlines()
+        for fn in ast.walk(ast.parse("\n".join(lines))):
+            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for node in ast.walk(fn):
+                if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("shardkit"):
+                    here, above = lines[node.lineno - 1], lines[node.lineno - 2]
+                    if "#" not in here and not above.strip().startswith("#"):
+                        silent.append(f"{mod}:{node.lineno}")
+    assert silent == []

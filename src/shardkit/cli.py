@@ -41,6 +41,7 @@ def _add_simulate(p: argparse.ArgumentParser) -> None:
 
 def _setup_devices(n: int | None) -> None:
     if n is not None:
+        # lazy: the CLI starts JAX only when a command runs
         from shardkit.mesh import simulate_cpu_devices
 
         simulate_cpu_devices(n)
@@ -61,6 +62,7 @@ def _cmd_devices(args: argparse.Namespace) -> int:
         try:
             stats = d.memory_stats()
             if stats and "bytes_limit" in stats:
+                # lazy: the CLI starts JAX only when a command runs
                 from shardkit.common import format_bytes
 
                 mem = format_bytes(stats["bytes_limit"])
@@ -88,8 +90,8 @@ def _cmd_show(args: argparse.Namespace) -> int:
     _setup_devices(args.simulate if args.simulate is not None else _default_simulate())
     from jax.sharding import PartitionSpec
 
-    from shardkit.layout import show
-    from shardkit.mesh import make_mesh
+    from shardkit.layout import show  # lazy: the CLI starts JAX only when a command runs
+    from shardkit.mesh import make_mesh  # lazy: the CLI starts JAX only when a command runs
 
     fmt = args.format
     if args.shape is None:

@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from typing import TextIO
 
 from shardkit.distributed import environment as _env
+from shardkit.distributed.runtime import local_device_env
 from shardkit.errors import ShardkitValueError
 
 
@@ -42,8 +43,6 @@ def rank_env(
     base: dict[str, str] | None = None,
 ) -> dict[str, str]:
     """The environment of one rank (launcher variables, unbuffered output, device count)."""
-    from shardkit.distributed.runtime import local_device_env
-
     env = dict(os.environ if base is None else base)
     if devices_per_process is not None:
         env = local_device_env(devices_per_process, env)

@@ -19,6 +19,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from shardkit.errors import ShardkitError, ShardkitValueError
+from shardkit.inspection.audit import inspect
 from shardkit.inspection.hlo import COLLECTIVE_KINDS
 from shardkit.inspection.report import Report
 
@@ -86,8 +87,6 @@ def assert_collectives(
     See also:
         `shardkit.inspect`.
     """
-    from shardkit.inspection.audit import inspect
-
     forbid = [forbid] if isinstance(forbid, str) else list(forbid)
     _check_kinds(forbid, "forbid")
     expect = dict(expect or {})

@@ -159,7 +159,7 @@ def _load_target(target: str) -> tuple[Any, dict[str, Any] | None]:
 def _setup_devices(n: int | None) -> None:
     if n is None:
         return
-    from shardkit.mesh import simulate_cpu_devices
+    from shardkit.mesh import simulate_cpu_devices  # lazy: `shardkit inspect --help` starts no JAX
 
     try:
         simulate_cpu_devices(n)
@@ -195,12 +195,15 @@ def run(args: argparse.Namespace) -> int:
     import jax
     from jax.sharding import NamedSharding
 
-    from shardkit.inspection.audit import DEFAULT_LARGE_BYTES, inspect
+    from shardkit.inspection.audit import (  # lazy: `shardkit inspect --help` starts no JAX
+        DEFAULT_LARGE_BYTES,
+        inspect,
+    )
 
     fn, ns = _load_target(args.target)
     mesh = None
     if args.mesh:
-        from shardkit.mesh import make_mesh
+        from shardkit.mesh import make_mesh  # lazy: `shardkit inspect --help` starts no JAX
 
         mesh = make_mesh(parse_mesh_arg(args.mesh), axis_types=args.axis_types)
     if ns is not None:

@@ -44,6 +44,7 @@ from shardkit.matmul._layout import (
     normalize_spec,
     pspec,
 )
+from shardkit.matmul.api import kernel
 from shardkit.matmul.cost import choose
 
 __all__ = ["ChainPlan", "ChainStep", "candidate_specs", "chain", "gspmd_chain", "product_method"]
@@ -122,8 +123,6 @@ class ChainPlan:
     @functools.cached_property
     def function(self) -> Callable[..., jax.Array]:
         """The jitted function running the plan: each product with its planned kernel."""
-        from shardkit.matmul.api import kernel  # api imports cost; avoid a cycle at import
-
         steps = self.steps
 
         def run(*xs):

@@ -17,6 +17,7 @@ from flax import nnx
 
 from shardkit.errors import ShardkitValueError
 from shardkit.models.common import batch_out, param, row_parallel_out
+from shardkit.models.stages import StagedModel
 
 Remat = Literal["none", "block", "dots"]
 _REMAT = ("none", "block", "dots")
@@ -199,8 +200,6 @@ class GPT(nnx.Module):
         Raises:
             ValueError: if `n_stages` does not divide `n_layers`.
         """
-        from shardkit.models.stages import StagedModel
-
         cfg = self.cfg
         if n_stages < 1 or cfg.n_layers % n_stages:
             raise ShardkitValueError(

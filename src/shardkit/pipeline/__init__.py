@@ -67,7 +67,7 @@ __all__ += list(_ENGINE)
 
 def __getattr__(name: str):
     if name in _ENGINE:
-        from shardkit.pipeline import engine
+        from shardkit.pipeline import engine  # lazy: the executor imports JAX
 
         return getattr(engine, name)
     raise AttributeError(f"module 'shardkit.pipeline' has no attribute {name!r}")

@@ -13,13 +13,13 @@ import json
 import sys
 
 from shardkit.errors import ShardkitValueError
+from shardkit.plan.hardware import known_hardware
+from shardkit.plan.search import plan
+from shardkit.plan.workload import preset, presets
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Adds the `shardkit plan` flags to `parser`."""
-    from shardkit.plan.hardware import known_hardware
-    from shardkit.plan.workload import presets
-
     parser.description = (
         "Predict per-device memory, communication and compute for every data x fsdp x tensor "
         "x stage layout of a model on a machine, rank them by step time, and say why the top "
@@ -74,9 +74,6 @@ def _zero(text: str) -> tuple[int, ...]:
 
 def run(args: argparse.Namespace) -> int:
     """Runs `shardkit plan`; returns the exit code."""
-    from shardkit.plan.search import plan
-    from shardkit.plan.workload import preset
-
     changes = {}
     if args.precision:
         changes["precision"] = args.precision

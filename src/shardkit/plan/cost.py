@@ -176,6 +176,7 @@ class Candidate:
             >>> evaluate(preset("llama3-8b", batch=8), "h100", fsdp=8).strategy()
             Hybrid(data=1, fsdp=8, tensor=1, zero=3, tensor_rules=None, rules=None, pipeline=None)
         """
+        # lazy: the planner imports no JAX; a row becomes a strategy on request
         from shardkit import strategies
 
         if self.sequence_parallel:

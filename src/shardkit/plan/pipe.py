@@ -30,6 +30,7 @@ import functools
 from typing import Any
 
 from shardkit.errors import ShardkitValueError
+from shardkit.pipeline import Costs, table
 from shardkit.pipeline.names import schedule_from_name
 
 SCHEDULES = ("1f1b", "gpipe", "interleaved", "zb-h1")
@@ -112,8 +113,6 @@ def _facts(schedule: str, p: int, m: int, v: int) -> PipelineFacts:
     if schedule == "1f1b":  # fused: F(j) at step d + j, B(j) at 2p - 2 - d + j, two lanes
         pairs = min(m, 2 * p - 1)
         return PipelineFacts(schedule, p, m, 1, m + 2 * p - 2, 2, pairs, float(pairs), bubble)
-    from shardkit.pipeline import Costs, table
-
     t = table(sched, p, m)
     # backward = 2 x forward; the zero-bubble split gives its input and weight halves 1 each
     costs = Costs(t_f=1.0, t_b=1.0, t_w=1.0) if schedule == "zb-h1" else Costs(t_f=1.0, t_b=2.0)
@@ -146,6 +145,7 @@ def strategy(candidate: Any, residuals: str | None = None) -> Any:
         >>> s.mesh_axes(8), s.pipeline.schedule.name
         ({'stage': 4, 'data': 2}, '1f1b')
     """
+    # lazy: the planner imports no JAX; a row becomes a strategy on request
     from shardkit.strategies import Hybrid, Pipeline
 
     reason = not_runnable(candidate)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from shardkit.plan.memory import model_state_bytes
+
 _SHORT = {
     "all-gather": "AG",
     "reduce-scatter": "RS",
@@ -117,8 +119,6 @@ def why(plan) -> str:
 
 
 def _replicated_state(w: Any) -> float:
-    from shardkit.plan.memory import model_state_bytes
-
     return model_state_bytes(
         w.n_params(), zero=0, shards=1, precision=w.precision, optimizer=w.optimizer
     ).total

@@ -23,6 +23,7 @@ from shardkit.errors import ShardkitError, ShardkitTypeError, ShardkitValueError
 from shardkit.plan.cost import Candidate, divisors, evaluate
 from shardkit.plan.hardware import Hardware, get_hardware
 from shardkit.plan.memory import model_state_bytes
+from shardkit.plan.report import render, table, why
 from shardkit.plan.workload import REMAT_POLICIES, Dense, Transformer, preset
 
 
@@ -307,26 +308,20 @@ class Plan:
         above it. This convenience is the planner's one import of that layer, on call
         (`tests/test_architecture.py` names it).
         """
-        from shardkit.verify import verify
+        from shardkit.verify import verify  # the planner's one upward import, on call
 
         return verify(self, top=top, **kwargs)
 
     def why(self) -> str:
         """One paragraph: why the top layout wins, in numbers."""
-        from shardkit.plan.report import why
-
         return why(self)
 
     def table(self, top: int = 8):
         """A rich `Table` of the top layouts."""
-        from shardkit.plan.report import table
-
         return table(self, top=top)
 
     def render(self, top: int = 8, width: int = 160) -> str:
         """The table and the why paragraph as plain text."""
-        from shardkit.plan.report import render
-
         return render(self, top=top, width=width)
 
     def __str__(self) -> str:

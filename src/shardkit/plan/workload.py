@@ -29,6 +29,7 @@ import dataclasses
 from typing import Any, Literal
 
 from shardkit.errors import ShardkitValueError
+from shardkit.plan.memory import get_precision, optimizer_bytes
 
 Remat = Literal["auto", "none", "dots", "block"]
 REMAT_POLICIES = ("none", "dots", "block")
@@ -129,8 +130,6 @@ class Transformer:
             raise ShardkitValueError(
                 f"Transformer attention={self.attention!r}; fix: 'flash' or 'naive'."
             )
-        from shardkit.plan.memory import get_precision, optimizer_bytes
-
         get_precision(self.precision)
         optimizer_bytes(self.optimizer)
 

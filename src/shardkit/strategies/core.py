@@ -28,6 +28,8 @@ from jax.sharding import PartitionSpec as P
 from shardkit.common import path_str
 from shardkit.errors import ShardkitValueError
 from shardkit.linter import UnmatchedLeafError
+from shardkit.mesh import make_mesh
+from shardkit.strategies.pipeline import Pipeline
 
 TENSOR_NAMES = ("mlp", "heads", "vocab")  # logical names split by tensor parallelism
 NEVER_SHARDED = ("layers",)  # the stacked-layer axis is scanned over, never split
@@ -95,8 +97,6 @@ class _Base:
             devices: devices to use; default `jax.devices()`.
             axis_types: "auto" or "explicit" (JAX's `AxisType`).
         """
-        from shardkit.mesh import make_mesh
-
         devices = list(jax.devices() if devices is None else devices)
         if axis_types not in ("auto", "explicit"):
             raise ShardkitValueError(
@@ -387,8 +387,6 @@ class Hybrid(_Base):
 
 
 def _check_pipeline(strategy) -> None:
-    from shardkit.strategies.pipeline import Pipeline
-
     if not isinstance(strategy.pipeline, Pipeline):
         raise ShardkitValueError(
             f"Hybrid(pipeline={strategy.pipeline!r}) is not a Pipeline; fix: "

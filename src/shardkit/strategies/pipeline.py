@@ -20,6 +20,7 @@ import dataclasses
 from typing import Any
 
 from shardkit.errors import ShardkitValueError
+from shardkit.pipeline import OneFOneB
 from shardkit.pipeline.names import SCHEDULE_NAMES as SCHEDULE_NAMES
 from shardkit.pipeline.names import schedule_from_name as schedule_from_name
 
@@ -75,8 +76,6 @@ class Pipeline:
             )
         schedule = self.schedule
         if schedule is None:
-            from shardkit.pipeline import OneFOneB
-
             schedule = OneFOneB()
         elif isinstance(schedule, str):
             schedule = schedule_from_name(schedule)

@@ -7,7 +7,12 @@ import os
 import sys
 
 from shardkit.cli_args import parse_mesh_arg
+from shardkit.compat import backend_started
+from shardkit.distributed import initialize
+from shardkit.distributed.environment import PROCESS_ID
+from shardkit.distributed.launch import launch
 from shardkit.errors import ShardkitValueError
+from shardkit.train.config import load
 
 # flag -> (config key, type, help); defaults live in TrainConfig so a TOML file can set them
 _FLAGS = [
@@ -71,8 +76,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def config_from_args(args: argparse.Namespace):
     """The `TrainConfig` for parsed flags (TOML file first, then flags)."""
-    from shardkit.train.config import load
-
     overrides = {key: getattr(args, key, None) for _, key, _, _ in _FLAGS}
     overrides["resume"] = getattr(args, "resume", None)
     overrides["report"] = getattr(args, "report", None)
@@ -98,8 +101,6 @@ def _argv(args: argparse.Namespace) -> list[str]:
 
 def _launch(args: argparse.Namespace, cfg) -> int:
     """`--processes N`: run this command as N ranks with --devices / N devices each."""
-    from shardkit.distributed.launch import launch
-
     n = args.processes
     if cfg.devices % n:
         raise ShardkitValueError(
@@ -114,8 +115,6 @@ def _launch(args: argparse.Namespace, cfg) -> int:
 def run(args: argparse.Namespace) -> int:
     """Runs `shardkit train`; returns 0 on success (1 if the audit found unexpected
     collectives)."""
-    from shardkit.distributed.environment import PROCESS_ID
-
     cfg = config_from_args(args)
     processes = getattr(args, "processes", 1) or 1
     if processes < 1:
@@ -123,16 +122,14 @@ def run(args: argparse.Namespace) -> int:
     if processes > 1 and PROCESS_ID not in os.environ:
         return _launch(args, cfg)
     if PROCESS_ID in os.environ:  # a rank of `shardkit launch`: join the run first
-        from shardkit.distributed import initialize
-
         initialize()
     elif os.environ.get("JAX_PLATFORMS", "cpu") in ("", "cpu"):
-        from shardkit.compat import backend_started
+        # lazy: `shardkit train --help` starts no JAX
         from shardkit.mesh import simulate_cpu_devices
 
         if not backend_started():
             simulate_cpu_devices(cfg.devices)
-    from shardkit.train.run import train
+    from shardkit.train.run import train  # lazy: `shardkit train --help` starts no JAX
 
     result = train(cfg, quiet=bool(getattr(args, "quiet", False)))
     return 1 if result.collective_problems else 0

@@ -7,6 +7,10 @@ from __future__ import annotations
 import pathlib
 from typing import Any
 
+from shardkit.pipeline import Costs, table
+from shardkit.pipeline.plot import plot
+from shardkit.pipeline.simulate import simulate
+
 
 def pipeline_rows(pipe: Any, out_dir: str | pathlib.Path | None = None) -> dict[str, str]:
     """Rows describing `pipe`'s schedule; with `out_dir`, also writes `pipeline.png`.
@@ -21,9 +25,6 @@ def pipeline_rows(pipe: Any, out_dir: str | pathlib.Path | None = None) -> dict[
         >>> pipeline_rows(Pipeline(stages=4, schedule="gpipe", microbatches=8))["bubble"]
         'executed table 0.273 idle; simulator 0.273; (p-1)/(m+p-1) = 0.273'
     """
-    from shardkit.pipeline import Costs, table
-    from shardkit.pipeline.simulate import simulate
-
     p, m, schedule = pipe.stages, pipe.microbatches, pipe.schedule
     steps = table(schedule, p, m)
     sim = simulate(schedule, p, m, costs=Costs(t_f=1.0, t_b=1.0, t_w=1.0))
@@ -42,8 +43,6 @@ def pipeline_rows(pipe: Any, out_dir: str | pathlib.Path | None = None) -> dict[
         "peak micro-batches in flight": ", ".join(str(n) for n in sim.peak_in_flight),
     }
     if out_dir is not None:
-        from shardkit.pipeline.plot import plot
-
         path = pathlib.Path(out_dir)
         path.mkdir(parents=True, exist_ok=True)
         plot(steps, path / "pipeline.png")

@@ -24,6 +24,8 @@ from flax import nnx
 from jax.sharding import AbstractMesh
 
 from shardkit.errors import ShardkitValueError
+from shardkit.pipeline import spmd
+from shardkit.pipeline.engine import pipeline_value_and_grad
 
 
 def pipeline_of(trainer) -> Any:
@@ -114,8 +116,6 @@ def pipeline_loss_and_grads(trainer, params: Any, batch: dict) -> tuple[jax.Arra
         params: canonical float32 parameters (a pure dict).
         batch: a batch placed by `trainer.place_batch`: leaves (microbatches, mb, ...).
     """
-    from shardkit.pipeline.engine import pipeline_value_and_grad
-
     pipe = trainer.pipeline
     dtype = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}[trainer.compute_dtype]
     cparams = jax.tree.map(lambda p: p.astype(dtype) if p.dtype == jnp.float32 else p, params)
@@ -156,8 +156,6 @@ def _front(first_fn: Callable, mesh: Any, specs: Any, data_axes: tuple[str, ...]
     examples independently (an embedding does).
     """
     from jax.sharding import PartitionSpec as P
-
-    from shardkit.pipeline import spmd
 
     manual = tuple(mesh.axis_names)
     dspec = data_axes if len(data_axes) > 1 else (data_axes[0] if data_axes else None)
