@@ -62,14 +62,17 @@ def _gloo_noise(text: str) -> bool:
     """Whether `text` is made of pieces of gloo's connection message (digits aside).
 
     Several C++ threads print that message at once, so pieces interleave character by character
-    ("[Gloo] Rank [Gloo] Rank 11Expected ..."): a line counts as noise when every character in it
+    ("[Gloo] Rank [Gloo] Rank 11Expected ..."): a line counts as noise when it is only digits (a
+    count cut off from its message), when every character in it
     occurs in the message and it carries the "[Gloo]" tag, or, for a tail cut off from its tag,
     when each of its words occurs in the message. A user line eaten here fails the comparison
     that follows.
     """
+    if not text.strip():
+        return False
     text = re.sub(r"\d+", "", text).strip()
     if not text:
-        return False
+        return True  # a lone count cut off from the message ("3")
     if "[Gloo]" in text:
         return set(text) <= set(_GLOO)
     return all(word in _GLOO for word in text.split())
