@@ -297,4 +297,4 @@ print(lint({"a": a}, P(None, "y"), {"x": 2, "y": 3}).findings[0].message)
 # A 12:16 | cpu 3  | cpu 7  |
 #         +--------+--------+
 # duplicate-axis
-# leaf 'a' shape (16, 16) spec P(None, 'y'): dim 1 has size 16, which mesh axis 'y' (size 3) (product 3) does not divide on mesh {'x': 2, 'y': 3}. Fix: use a mesh shape that divides, e.g. {'x': 3, 'y': 2}, {'x': 6, 'y': 1}; or pad dim 1 to 18 (+2); or leave dim 1 unsharded (None).
+# leaf 'a' shape (16, 16) spec P(None, 'y'): dim 1 has size 16, which mesh axis 'y' (size 3) (product 3) does not divide on mesh {'x': 2, 'y': 3}; fix: use a mesh shape that divides, e.g. {'x': 3, 'y': 2}, {'x': 6, 'y': 1}; or pad dim 1 to 18 (+2); or leave dim 1 unsharded (None).

@@ -371,9 +371,9 @@ def test_branch_counts_weight_a_switch_over_a_table_in_a_scan():
     assert hlo.execution_counts(module, {cond.name: weights})[c.computation] == 3
     # the same conditional by its instruction name; counts scale with the loop
     assert hlo.execution_counts(module, {cond.name: (1, 1, 1)})[c.computation] == 2  # 7/3
-    with pytest.raises(ValueError, match=r"'lane9' names no conditional.*lane0.*Fix: "):
+    with pytest.raises(ValueError, match=r"'lane9' names no conditional.*lane0.*fix: "):
         hlo.execution_counts(module, {"lane9": weights})
-    with pytest.raises(ValueError, match=r"2 counts but conditional .* has 3 branches.*Fix: "):
+    with pytest.raises(ValueError, match=r"2 counts but conditional .* has 3 branches.*fix: "):
         hlo.execution_counts(module, {"lane0": (1, 2)})
-    with pytest.raises(ValueError, match=r"\(0, 0, 0\) must be executions.*Fix: "):
+    with pytest.raises(ValueError, match=r"\(0, 0, 0\) must be executions.*fix: "):
         hlo.execution_counts(module, {"lane0": (0, 0, 0)})

@@ -188,7 +188,7 @@ def test_error_not_2d():
     mesh = _make_mesh("8", AxisType.Explicit)
     A = jax.device_put(jnp.ones((8, 4, 4)), NamedSharding(mesh, P("x")))
     B = jax.device_put(jnp.ones((4, 4)), NamedSharding(mesh, P()))
-    with pytest.raises(skm.MatmulLayoutError, match=r"A has shape \(8, 4, 4\).*Fix: reshape"):
+    with pytest.raises(skm.MatmulLayoutError, match=r"A has shape \(8, 4, 4\).*fix: reshape"):
         skm(A, B)
 
 
@@ -207,7 +207,7 @@ def test_error_unknown_mesh_axis_in_abstract_spec():
 
 def test_error_summa_on_1d_mesh():
     A, B = _err_operands(sa=("x", None), sb=("x", None))
-    with pytest.raises(skm.MatmulLayoutError, match=r"summa' needs a 2-D mesh.*Fix: build a 2-D"):
+    with pytest.raises(skm.MatmulLayoutError, match=r"summa' needs a 2-D mesh.*fix: build a 2-D"):
         skm(A, B, algorithm="summa")
 
 
@@ -219,7 +219,7 @@ def test_error_summa_wrong_layout():
 
 def test_error_reduce_scatter_without_sharded_k():
     A, B = _err_operands(sa=("x", None), sb=(None, None))
-    with pytest.raises(skm.MatmulLayoutError, match=r"needs the contracting dim K sharded.*Fix"):
+    with pytest.raises(skm.MatmulLayoutError, match=r"needs the contracting dim K sharded.*fix"):
         skm(A, B, algorithm="reduce_scatter")
 
 
@@ -249,7 +249,7 @@ def test_error_bidirectional_odd_block():
 
 def test_error_unknown_algorithm():
     A, B = _err_operands()
-    with pytest.raises(ValueError, match=r"algorithm='cannon' is not one of .*Fix"):
+    with pytest.raises(ValueError, match=r"algorithm='cannon' is not one of .*fix"):
         skm(A, B, algorithm="cannon")
 
 

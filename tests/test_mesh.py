@@ -86,7 +86,7 @@ def test_bad_meshes(kwargs, match):
 def test_simulate_after_start_is_refused():
     jax.devices()  # the backend is running (8 devices from conftest)
     simulate_cpu_devices(8)  # same count: fine, nothing to do
-    with pytest.raises(RuntimeError, match=r"already started with 8 cpu.*Fix: call"):
+    with pytest.raises(RuntimeError, match=r"already started with 8 cpu.*fix: call"):
         simulate_cpu_devices(4)
     with pytest.raises(ValueError, match="integer >= 1"):
         simulate_cpu_devices(0)

@@ -132,7 +132,7 @@ def layout_of(
         if not hasattr(x, "sharding") or not hasattr(x, "shape"):
             raise ShardkitTypeError(
                 f"show/layout_of: expected a jax.Array (or ShapeDtypeStruct with a sharding), "
-                f"got {type(x).__name__}. Fix: jax.device_put(x, NamedSharding(mesh, spec)), or "
+                f"got {type(x).__name__}; fix: jax.device_put(x, NamedSharding(mesh, spec)), or "
                 "pass shape= with mesh= and spec=."
             )
         shape, dtype, sharding = tuple(x.shape), x.dtype, x.sharding

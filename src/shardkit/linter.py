@@ -159,7 +159,7 @@ def check_leaf(
                 "rank",
                 "error",
                 f"{where}: the spec has {len(spec)} entries but the array has rank "
-                f"{len(shape)}. Fix: drop the extra entries, e.g. "
+                f"{len(shape)}; fix: drop the extra entries, e.g. "
                 f"{PartitionSpec(*tuple(spec)[: len(shape)])}, or match this leaf with a "
                 "narrower rule.",
             )
@@ -172,7 +172,7 @@ def check_leaf(
                 "duplicate-axis",
                 "error",
                 f"{where}: mesh axis {a!r} is used on more than one dim; a mesh axis can split "
-                "only one dim of an array. Fix: use it once, e.g. shard the other dim over a "
+                "only one dim of an array; fix: use it once, e.g. shard the other dim over a "
                 "different mesh axis or leave it None.",
             )
         )
@@ -185,7 +185,7 @@ def check_leaf(
                 path,
                 "unknown-axis",
                 "error",
-                f"{where}: mesh axis {a!r} is not in the mesh {_fmt_sizes(sizes)}. Fix: use one of "
+                f"{where}: mesh axis {a!r} is not in the mesh {_fmt_sizes(sizes)}; fix: use one of "
                 f"{list(sizes)}, or map the logical name with Rules(..., logical={{{a!r}: "
                 f"{next(iter(sizes))!r}}}).",
             )
@@ -209,7 +209,7 @@ def check_leaf(
                     "indivisible",
                     "error",
                     f"{where}: dim {dim} has size {shape[dim]}, which mesh axis {axes_txt} "
-                    f"(product {k}) does not divide{mesh_txt}. Fix: {alt_txt}pad dim {dim} to "
+                    f"(product {k}) does not divide{mesh_txt}; fix: {alt_txt}pad dim {dim} to "
                     f"{shape[dim] + pad} (+{pad}); or leave dim {dim} unsharded (None).",
                 )
             )
@@ -378,7 +378,7 @@ def lint(tree: Any, rules_or_specs: Any, mesh: Any = None, *, top: int = 5) -> L
         if len(spec_leaves) != len(items):
             raise ShardingRuleError(
                 f"rules_or_specs: the spec tree has {len(spec_leaves)} leaves but the tree has "
-                f"{len(items)}. Fix: build the specs from the same tree, e.g. "
+                f"{len(items)}; fix: build the specs from the same tree, e.g. "
                 "rules.specs(tree, mesh)."
             )
         assigned = [(s if s is not None else PartitionSpec(), "spec") for s in spec_leaves]
@@ -394,7 +394,7 @@ def lint(tree: Any, rules_or_specs: Any, mesh: Any = None, *, top: int = 5) -> L
                     "unmatched",
                     "error",
                     f"leaf {path!r} shape {shape} is matched by no partition rule and has no "
-                    "logical annotation. Fix: add a rule for it, e.g. "
+                    "logical annotation; fix: add a rule for it, e.g. "
                     f"({path.split('/')[-1]!r}, P()), or pass default=P() to replicate every "
                     "unmatched leaf.",
                 )

@@ -28,6 +28,7 @@ from shardkit.errors import ShardkitError, ShardkitRuntimeError, ShardkitValueEr
 __all__ = [
     "MeshError",
     "describe_mesh",
+    "fill_rest",
     "make_mesh",
     "mesh_axis_sizes",
     "mesh_table",
@@ -50,7 +51,7 @@ def _parse_axis_types(axis_types: AxisTypesArg, n: int) -> tuple[AxisType, ...]:
         if isinstance(t, str) and t.lower() in names:
             return names[t.lower()]
         raise MeshError(
-            f"axis_types: unknown mesh axis type {t!r}. Fix: use 'explicit', 'auto' or a "
+            f"axis_types: unknown mesh axis type {t!r}; fix: use 'explicit', 'auto' or a "
             "jax.sharding.AxisType."
         )
 
@@ -59,7 +60,7 @@ def _parse_axis_types(axis_types: AxisTypesArg, n: int) -> tuple[AxisType, ...]:
     types = tuple(one(t) for t in axis_types)
     if len(types) != n:
         raise MeshError(
-            f"axis_types has {len(types)} entries but the mesh has {n} mesh axes. Fix: pass one "
+            f"axis_types has {len(types)} entries but the mesh has {n} mesh axes; fix: pass one "
             "type per mesh axis, or a single 'explicit'/'auto' for all."
         )
     return types
@@ -71,7 +72,7 @@ def _resolve_shape(
     if isinstance(axes, Mapping):
         if axis_names is not None:
             raise MeshError(
-                "axis_names was given together with a dict of mesh axes. Fix: pass either "
+                "axis_names was given together with a dict of mesh axes; fix: pass either "
                 "make_mesh({'data': 4, 'model': 2}) or make_mesh((4, 2), ('data', 'model'))."
             )
         names, shape = tuple(axes.keys()), tuple(axes.values())
@@ -79,17 +80,17 @@ def _resolve_shape(
         shape = tuple(axes)
         if axis_names is None:
             raise MeshError(
-                f"make_mesh({shape}) needs axis_names (one name per mesh axis). Fix: "
+                f"make_mesh({shape}) needs axis_names (one name per mesh axis); fix: "
                 f"make_mesh({shape}, {tuple(f'axis_{i}' for i in range(len(shape)))})."
             )
         names = (axis_names,) if isinstance(axis_names, str) else tuple(axis_names)
     if len(shape) != len(names):
         raise MeshError(
             f"mesh shape {shape} has {len(shape)} mesh axes but axis_names {names} has "
-            f"{len(names)}. Fix: give one name per mesh axis."
+            f"{len(names)}; fix: give one name per mesh axis."
         )
     if not shape:
-        raise MeshError("a mesh needs at least one mesh axis. Fix: make_mesh({'data': -1}).")
+        raise MeshError("a mesh needs at least one mesh axis; fix: make_mesh({'data': -1}).")
     for name in names:
         if not isinstance(name, str) or not name:
             raise MeshError(f"mesh axis name {name!r} must be a non-empty string.")
@@ -108,16 +109,35 @@ def _resolve_shape(
         raise MeshError(
             f"at most one mesh axis may be -1 ('the rest'); got {dict(zip(names, shape))}."
         )
-    if -1 in shape:
-        known = math.prod(s for s in shape if s != -1)
-        if n_devices % known:
-            raise MeshError(
-                f"cannot fill -1 in {dict(zip(names, shape))}: {n_devices} devices are not "
-                f"divisible by the other mesh axes' product {known}. Fix: choose sizes whose "
-                f"product divides {n_devices}."
-            )
-        shape = tuple(n_devices // known if s == -1 else int(s) for s in shape)
+    shape = tuple(fill_rest(dict(zip(names, shape, strict=True)), n_devices).values())
     return tuple(int(s) for s in shape), names
+
+
+def fill_rest(sizes: Mapping[str, int], n_devices: int) -> dict[str, int]:
+    """Fills the one size that is -1 with the devices the others leave; the only -1 resolver.
+
+    Args:
+      sizes: mesh axis (or strategy degree) name -> size, at most one of them -1.
+      n_devices: the devices to fill.
+
+    Raises:
+      MeshError: when the other sizes' product does not divide ``n_devices``.
+
+    Example:
+      >>> fill_rest({"data": -1, "tensor": 2}, 8)
+      {'data': 4, 'tensor': 2}
+    """
+    known = math.prod(int(v) for v in sizes.values() if v != -1)
+    if -1 not in sizes.values():
+        return {k: int(v) for k, v in sizes.items()}
+    if n_devices % known:
+        fixed = " x ".join(f"{k}={v}" for k, v in sizes.items() if v != -1)
+        raise MeshError(
+            f"cannot fill -1 in {dict(sizes)}: {n_devices} devices are not divisible by the "
+            f"other mesh axes' product {known} ({fixed} does not divide {n_devices} devices); "
+            f"fix: choose sizes whose product divides {n_devices}."
+        )
+    return {k: n_devices // known if v == -1 else int(v) for k, v in sizes.items()}
 
 
 def make_mesh(
@@ -158,7 +178,7 @@ def make_mesh(
     """
     devs = list(jax.devices() if devices is None else devices)
     if not devs:
-        raise MeshError("devices is empty. Fix: pass at least one device, e.g. jax.devices()[:1].")
+        raise MeshError("devices is empty; fix: pass at least one device, e.g. jax.devices()[:1].")
     shape, names = _resolve_shape(axes, axis_names, len(devs))
     types = _parse_axis_types(axis_types, len(shape))
     need = math.prod(shape)
@@ -175,17 +195,17 @@ def make_mesh(
             return Mesh(np.array(devs), (names[0],), axis_types=(types[0],))
         else:
             hint = (
-                f"Fix: use a subset, devices=jax.devices()[:{need}]"
+                f"fix: use a subset, devices=jax.devices()[:{need}]"
                 if need < len(devs)
                 else (
-                    f"Fix: shrink the mesh to {len(devs)} devices (e.g. {{{names[0]!r}: -1}}), "
+                    f"fix: shrink the mesh to {len(devs)} devices (e.g. {{{names[0]!r}: -1}}), "
                     f"simulate more CPU devices with shardkit.simulate_cpu_devices({need}) "
                     "before JAX starts, or pass allow_fallback=True for a 1-D mesh"
                 )
             )
             raise MeshError(
                 f"mesh {dict(zip(names, shape))} needs {need} devices but {len(devs)} were "
-                f"given. {hint}."
+                f"given; {hint}."
             )
     if devices is None and len(devs) == len(jax.devices()):
         # Let JAX order devices for the physical topology (matters on TPU/GPU).
@@ -287,7 +307,7 @@ def simulate_cpu_devices(n: int) -> None:
         raise ShardkitRuntimeError(
             f"simulate_cpu_devices({n}): JAX has already started with {have} "
             f"{jax.default_backend()} device(s); the device count can only be set before the "
-            "first JAX computation. Fix: call shardkit.simulate_cpu_devices at the top of your "
+            "first JAX computation; fix: call shardkit.simulate_cpu_devices at the top of your "
             f"script, or set XLA_FLAGS=--xla_force_host_platform_device_count={n} and "
             "JAX_PLATFORMS=cpu in the environment before starting Python."
         )

@@ -54,7 +54,7 @@ def _as_spec(spec: Any, where: str) -> PartitionSpec:
     if isinstance(spec, (tuple, list)):
         return PartitionSpec(*spec)
     raise ShardingRuleError(
-        f"{where}: expected a PartitionSpec, got {type(spec).__name__} {spec!r}. Fix: write "
+        f"{where}: expected a PartitionSpec, got {type(spec).__name__} {spec!r}; fix: write "
         "P('data', None) (from jax.sharding import PartitionSpec as P)."
     )
 
@@ -102,7 +102,7 @@ class Rules:
         for i, rule in enumerate(rules):
             if not (isinstance(rule, (tuple, list)) and len(rule) == 2):
                 raise ShardingRuleError(
-                    f"rules[{i}] = {rule!r} is not a (pattern, PartitionSpec) pair. Fix: "
+                    f"rules[{i}] = {rule!r} is not a (pattern, PartitionSpec) pair; fix: "
                     "Rules([(r'attn/q/kernel', P(None, 'model')), ...])."
                 )
             pattern, spec = rule
@@ -112,7 +112,7 @@ class Rules:
                 rx = re.compile(pattern)
             except re.error as e:
                 raise ShardingRuleError(
-                    f"rules[{i}]: pattern {pattern!r} is not a valid regex ({e}). Fix: escape "
+                    f"rules[{i}]: pattern {pattern!r} is not a valid regex ({e}); fix: escape "
                     "special characters, e.g. re.escape('a.b')."
                 ) from None
             compiled.append((rx, _as_spec(spec, f"rules[{i}] ({pattern!r})")))
@@ -194,7 +194,7 @@ class Rules:
     def shardings(self, tree: Any, mesh: Any) -> Any:
         """A tree of NamedSharding mirroring ``tree``; see :meth:`specs`."""
         if mesh is None:
-            raise ShardingRuleError("shardings(tree, mesh) needs a mesh. Fix: pass make_mesh(...).")
+            raise ShardingRuleError("shardings(tree, mesh) needs a mesh; fix: pass make_mesh(...).")
         specs = self.specs(tree, mesh)
         return jax.tree.map(
             lambda s: NamedSharding(mesh, s), specs, is_leaf=lambda x: isinstance(x, PartitionSpec)
@@ -223,13 +223,13 @@ def shard(tree: Any, shardings: Any, mesh: Any = None) -> Any:
     if isinstance(shardings, Rules):
         if mesh is None:
             raise ShardingRuleError(
-                "shard(tree, rules) needs mesh=. Fix: shard(tree, rules, mesh)."
+                "shard(tree, rules) needs mesh=; fix: shard(tree, rules, mesh)."
             )
         shardings = shardings.shardings(tree, mesh)
     if isinstance(shardings, PartitionSpec):
         if mesh is None:
             raise ShardingRuleError(
-                "shard(tree, P(...)) needs mesh=. Fix: pass NamedSharding(mesh, spec) or mesh=."
+                "shard(tree, P(...)) needs mesh=; fix: pass NamedSharding(mesh, spec) or mesh=."
             )
         shardings = NamedSharding(mesh, shardings)
     elif mesh is not None:

@@ -38,7 +38,7 @@ def _run(x, axes, norm, spec, mesh, inverse, fname):
         if not -ndim <= ax < ndim:
             raise ShardkitValueError(
                 f"{fname}: axes={axes} names dim {ax}, but x has rank {ndim} (shape "
-                f"{tuple(x.shape)}). Fix: pass dims between {-ndim} and {ndim - 1}."
+                f"{tuple(x.shape)}); fix: pass dims between {-ndim} and {ndim - 1}."
             )
     axes = tuple(sorted({ax % ndim for ax in axes}))
     mesh, entries = L.resolve(x, spec, mesh, fname)
@@ -48,7 +48,7 @@ def _run(x, axes, norm, spec, mesh, inverse, fname):
             raise ShardkitValueError(
                 f"{fname}: dim {ax} (size {x.shape[ax]}) is sharded over mesh axis "
                 f"{entries[ax]!r} (spec {P(*entries)}), but this transform only runs along "
-                f"unsharded dims. Fix: use pfft2d/pfft3d for a transform over a sharded dim, "
+                f"unsharded dims; fix: use pfft2d/pfft3d for a transform over a sharded dim, "
                 f"or drop dim {ax} from axes=."
             )
     return _local(x, mesh=mesh, entries=entries, axes=axes, inverse=inverse, norm=norm)

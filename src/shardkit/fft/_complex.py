@@ -176,14 +176,14 @@ def original_entries(entries: tuple, k: int, layout: str, fname: str) -> tuple:
         if fft[0] is not None:
             raise ShardkitValueError(
                 f"{fname}: with layout='natural' the spectrum's first FFT dim (dim {nb}) must be "
-                f"whole, but the spectrum is sharded {P(*entries)}. Fix: pass "
+                f"whole, but the spectrum is sharded {P(*entries)}; fix: pass "
                 f"layout='transposed' if it came from a forward transform with that layout."
             )
         return entries[:nb] + fft[1:] + (None,)
     if fft[-1] is not None:
         raise ShardkitValueError(
             f"{fname}: with layout='transposed' the spectrum's last dim (dim {len(entries) - 1}) "
-            f"must be whole, but the spectrum is sharded {P(*entries)}. Fix: pass "
+            f"must be whole, but the spectrum is sharded {P(*entries)}; fix: pass "
             f"layout='natural' if it came from a forward transform with that layout."
         )
     return entries

@@ -125,7 +125,7 @@ def fftfreq3d(
             if nz < 1 or nz // 2 + 1 != size:
                 raise ShardkitValueError(
                     f"{fname}: n={n} does not fit the half spectrum's {size} frequencies along "
-                    f"dim {nb + p}. Fix: pass n= the length of the real field's last dim."
+                    f"dim {nb + p}; fix: pass n= the length of the real field's last dim."
                 )
             freq = np.fft.rfftfreq(nz, ds[orig])
         else:

@@ -124,21 +124,21 @@ def resolve(x: Any, spec: P | None, mesh: Any, fname: str) -> tuple[Any, tuple[E
     elif known is not None and normalize(known, ndim) != normalize(spec, ndim):
         raise ShardkitValueError(
             f"{fname}: x is sharded {P(*normalize(known, ndim))} but spec={spec}; the transform "
-            f"never reshards its input. Fix: drop spec=, or reshard first with "
+            f"never reshards its input; fix: drop spec=, or reshard first with "
             f"jax.sharding.reshard(x, {spec})."
         )
     if spec is None or mesh is None:
         where = "a traced value on Auto mesh axes" if _is_tracer(x) else "an unsharded array"
         raise ShardkitValueError(
             f"{fname}: x (shape {tuple(x.shape)}) is {where}, so its layout is unknown; the "
-            f"transform needs x sharded over a mesh. Fix: "
+            f"transform needs x sharded over a mesh; fix: "
             f"x = jax.device_put(x, NamedSharding(mesh, P('x', 'y'))), or inside jit on Auto "
             f"axes pass spec=P('x', 'y') and mesh=mesh (or use jax.set_mesh(mesh))."
         )
     if len(spec) > ndim:
         raise ShardkitValueError(
             f"{fname}: spec {spec} has {len(spec)} entries but x has rank {ndim} "
-            f"(shape {tuple(x.shape)}). Fix: one PartitionSpec entry per dim at most."
+            f"(shape {tuple(x.shape)}); fix: one PartitionSpec entry per dim at most."
         )
     return mesh, normalize(spec, ndim)
 
@@ -148,7 +148,7 @@ def check_rank(x: Any, k: int, fname: str) -> None:
     if len(x.shape) < k:
         raise ShardkitValueError(
             f"{fname}: x has rank {len(x.shape)} (shape {tuple(x.shape)}) but a {k}-D transform "
-            f"needs at least {k} dims (leading extra dims are batch dims). Fix: reshape x to "
+            f"needs at least {k} dims (leading extra dims are batch dims); fix: reshape x to "
             f"{k} trailing FFT dims, e.g. x.reshape((1,) * {k - len(x.shape)} + x.shape)."
         )
 
@@ -168,7 +168,7 @@ def check_fft_entries(
         if isinstance(e, tuple):
             raise ShardkitValueError(
                 f"{fname}: FFT dim {nb + i} is sharded over several mesh axes {e}; each FFT dim "
-                f"takes at most one mesh axis. Fix: shard the FFT dims over one mesh axis each, "
+                f"takes at most one mesh axis; fix: shard the FFT dims over one mesh axis each, "
                 f"e.g. P({', '.join(repr(n) for n in e)}) on two dims, or merge the axes in the "
                 f"mesh."
             )
@@ -177,7 +177,7 @@ def check_fft_entries(
         raise ShardkitValueError(
             f"{fname}: the last FFT dim (dim {len(entries) - 1}) is sharded over mesh axis "
             f"{entries[-1]!r} of size {mesh_shape[entries[-1]]}; it must be whole on every "
-            f"device. Fix: shard the leading FFT dims instead, e.g. "
+            f"device; fix: shard the leading FFT dims instead, e.g. "
             f"jax.sharding.reshard(x, {spec_fix}) with the freed mesh axis on dim {nb}."
         )
     used = {n for e in entries for n in entry_names(e)}
@@ -186,14 +186,14 @@ def check_fft_entries(
         if not any(entry_size(e, mesh_shape) > 1 for e in entries):
             raise ShardkitValueError(
                 f"{fname}: x (shape {_shape_str(entries)}) is not sharded over mesh "
-                f"{mesh_shape}; a distributed transform needs it sharded. Fix: "
+                f"{mesh_shape}; a distributed transform needs it sharded; fix: "
                 f"x = jax.device_put(x, NamedSharding(mesh, P(...))) sharding dim {nb} (and "
                 f"dim {nb + 1} for a pencil transform); for a replicated array use jnp.fft."
             )
         raise ShardkitValueError(
             f"{fname}: mesh {mesh_shape} has axes {unused} that shard no dim of x (spec "
             f"{P(*entries)}), so their devices would redo the same transform. The transform "
-            f"decomposes over at most {k - 1} mesh axes plus mesh axes on batch dims. Fix: use a "
+            f"decomposes over at most {k - 1} mesh axes plus mesh axes on batch dims; fix: use a "
             f"mesh without those axes, shard a batch dim over them, or shard FFT dim {nb} over "
             f"them too."
         )
@@ -217,7 +217,7 @@ def check_divisible(
     raise ShardkitValueError(
         f"{fname}: dim {dim} of x has size {shape[dim]} (shape {tuple(shape)}), which does not "
         f"divide into {n} shards over mesh axis {axes}; {why}. A Fourier transform cannot be "
-        f"padded without changing its result. Fix: use a size along dim {dim} that is a "
+        f"padded without changing its result; fix: use a size along dim {dim} that is a "
         f"multiple of {n} (e.g. {' or '.join(map(str, near))}), or a mesh whose axis divides "
         f"{shape[dim]}."
     )
@@ -232,11 +232,11 @@ def complex_dtype(dtype: Any, fname: str, *, allow_real: bool) -> Any:
         return jnp.complex128 if dtype == jnp.float64 else jnp.complex64
     if allow_real:
         raise ShardkitTypeError(
-            f"{fname}: x has dtype {dtype}; expected a floating or complex dtype. "
-            f"Fix: x.astype(jnp.float32) or x.astype(jnp.complex64)."
+            f"{fname}: x has dtype {dtype}; expected a floating or complex dtype; "
+            f"fix: x.astype(jnp.float32) or x.astype(jnp.complex64)."
         )
     raise ShardkitTypeError(
         f"{fname}: x has dtype {dtype} but the inverse transform expects a complex spectrum "
-        f"(complex64 or complex128). Fix: pass the complex output of the forward transform; "
+        f"(complex64 or complex128); fix: pass the complex output of the forward transform; "
         f"for a half spectrum of a real field use pirfft3d on the output of prfft3d."
     )

@@ -141,7 +141,7 @@ def _real_dtype(dtype, fname: str):
     if not jnp.issubdtype(dtype, jnp.floating):
         raise ShardkitTypeError(
             f"{fname}: x has dtype {dtype} but a real-to-complex transform needs a real floating "
-            f"input (float32 or float64). Fix: use pfft3d for complex input, or "
+            f"input (float32 or float64); fix: use pfft3d for complex input, or "
             f"x.astype(jnp.float32)."
         )
     return jnp.float64 if dtype == jnp.float64 else jnp.float32
@@ -242,7 +242,7 @@ def _original_ab(kent: tuple, mesh_shape: dict, fname: str) -> tuple:
     raise ShardkitValueError(
         f"{fname}: the half spectrum's FFT dims are sharded {P(*kent)} (natural order), which "
         f"is not a layout prfft3d produces: P(None, ('a', 'b'), None), P(None, 'a', None) or "
-        f"P('b', None, None) (rolled left for layout='transposed'). Fix: pass the output of "
+        f"P('b', None, None) (rolled left for layout='transposed'); fix: pass the output of "
         f"prfft3d with the same layout= it was made with."
     )
 
@@ -296,7 +296,7 @@ def pirfft3d(
     if n < 1 or n // 2 + 1 != kz:
         raise ShardkitValueError(
             f"{fname}: n={n} does not match the half spectrum: its last frequency dim has "
-            f"{kz} entries, which fits n = {2 * (kz - 1)} or {2 * kz - 1}. Fix: pass n= the "
+            f"{kz} entries, which fits n = {2 * (kz - 1)} or {2 * kz - 1}; fix: pass n= the "
             f"length of the last dim of the original real field."
         )
     batch = entries[:-3]

@@ -42,7 +42,7 @@ def _check_kinds(kinds: Iterable[str], arg: str) -> None:
     for k in kinds:
         if k not in COLLECTIVE_KINDS:
             raise ShardkitValueError(
-                f"assert_collectives({arg}=...): unknown collective kind {k!r}. Fix: use one "
+                f"assert_collectives({arg}=...): unknown collective kind {k!r}; fix: use one "
                 f"of {', '.join(COLLECTIVE_KINDS)}."
             )
 
@@ -94,8 +94,8 @@ def assert_collectives(
     for k, v in expect.items():
         if not isinstance(v, int) or v < 0:
             raise ShardkitValueError(
-                f"assert_collectives(expect={{{k!r}: {v!r}}}): a count must be an int >= 0. "
-                f'Fix: expect={{"{k}": 2}}.'
+                f"assert_collectives(expect={{{k!r}: {v!r}}}): a count must be an int >= 0; "
+                f'fix: expect={{"{k}": 2}}.'
             )
     report = inspect(fn, *args, mesh=mesh, **kwargs)
     problems: list[str] = []

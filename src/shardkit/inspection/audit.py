@@ -226,7 +226,7 @@ def _findings(
                         f"{c.kind} #{i} materialises a whole sharded operand "
                         f"({c.result_shapes[0]}, global shape {list(match)}) on every device at "
                         f"{c.where}. The operation is not partitioned: each device computes on "
-                        "the full array. Fix: use a distributed algorithm (shard_map with "
+                        "the full array; fix: use a distributed algorithm (shard_map with "
                         "explicit collectives, e.g. shardkit.fft / shardkit.linalg) or reshard "
                         "so no operand needs gathering.",
                         i,
@@ -237,7 +237,7 @@ def _findings(
                 Finding(
                     "large-collective",
                     f"{c.kind} #{i} moves {c.total_bytes:,.0f} bytes per device per call "
-                    f"(> {large_bytes:,.0f}) at {c.where}. Fix: check the layouts of its "
+                    f"(> {large_bytes:,.0f}) at {c.where}; fix: check the layouts of its "
                     "operands, or raise large_bytes=.",
                     i,
                 )
@@ -271,8 +271,8 @@ def _findings(
                     Finding(
                         "replicated-output",
                         f"output {name} {info.dtype}{list(info.shape)} is fully replicated "
-                        "although an input is sharded: every device holds the whole result. "
-                        "Fix: jax.jit(f, out_shardings=NamedSharding(mesh, P(...))) or "
+                        "although an input is sharded: every device holds the whole result; "
+                        "fix: jax.jit(f, out_shardings=NamedSharding(mesh, P(...))) or "
                         "jax.lax.with_sharding_constraint on the result.",
                     )
                 )
@@ -337,8 +337,8 @@ def inspect(
         what = getattr(fn, "__name__", type(fn).__name__)
         raise NoMeshError(
             f"inspect({what}, ...): the compiled program ({module.num_partitions} partition(s)) "
-            "has no mesh: no argument or output carries a NamedSharding and no mesh is set. "
-            "Fix: place the arguments with jax.device_put(x, NamedSharding(mesh, P(...))) or "
+            "has no mesh: no argument or output carries a NamedSharding and no mesh is set; "
+            "fix: place the arguments with jax.device_put(x, NamedSharding(mesh, P(...))) or "
             "pass jax.ShapeDtypeStruct(shape, dtype, sharding=NamedSharding(mesh, P(...))), "
             "or call inside `with jax.set_mesh(mesh):`, or pass mesh=."
         )
@@ -346,7 +346,7 @@ def inspect(
     if math.prod(sizes) != module.num_partitions:
         raise NoMeshError(
             f"inspect: the mesh {dict(zip(names, sizes, strict=True))} has {math.prod(sizes)} "
-            f"devices but the program runs on {module.num_partitions} partitions. Fix: pass "
+            f"devices but the program runs on {module.num_partitions} partitions; fix: pass "
             "mesh= the mesh the program was compiled for."
         )
     t1 = time.perf_counter()

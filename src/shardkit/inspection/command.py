@@ -119,7 +119,7 @@ def _load_target(target: str) -> tuple[Any, dict[str, Any] | None]:
         if "fn" not in ns or "args" not in ns:
             raise ShardkitValueError(
                 f"spec file {target} must define `fn` (the function) and `args` (a tuple of "
-                "arrays or jax.ShapeDtypeStruct). Fix: add e.g. `fn = my_step` and "
+                "arrays or jax.ShapeDtypeStruct); fix: add e.g. `fn = my_step` and "
                 "`args = (x_spec,)`."
             )
         return ns["fn"], ns
@@ -150,7 +150,7 @@ def _load_target(target: str) -> tuple[Any, dict[str, Any] | None]:
             obj = getattr(obj, part, None)
     if obj is None or not callable(obj):
         raise ShardkitValueError(
-            f"shardkit inspect {target}: {attr!r} is not a function of {mod_name}. Fix: "
+            f"shardkit inspect {target}: {attr!r} is not a function of {mod_name}; fix: "
             "check the name after the colon."
         )
     return obj, None
@@ -217,7 +217,7 @@ def run(args: argparse.Namespace) -> int:
             if spec is not None:
                 if mesh is None:
                     raise ShardkitValueError(
-                        f"--args {text!r} names mesh axes but no mesh is given. Fix: add "
+                        f"--args {text!r} names mesh axes but no mesh is given; fix: add "
                         "--mesh data=4,model=2 (your mesh axis names and sizes)."
                     )
                 sharding = NamedSharding(mesh, parse_spec_arg(spec))

@@ -28,7 +28,7 @@ def kind_of(obj: Any) -> str:
         return "function"
     raise ShardkitTypeError(
         f"inspect(fn=...) expects a function, a jax.jit-wrapped function, or a Lowered or "
-        f"Compiled object; got {type(obj).__name__} {obj!r:.60}. Fix: shardkit.inspect(f, x) "
+        f"Compiled object; got {type(obj).__name__} {obj!r:.60}; fix: shardkit.inspect(f, x) "
         "with f a Python function of arrays."
     )
 
@@ -45,8 +45,8 @@ def check_args(fn: Any, args: tuple, kwargs: dict, who: str) -> None:
         name = getattr(target, "__name__", type(target).__name__)
         shapes = ", ".join(_describe_arg(a) for a in args) or "no arguments"
         raise ShardkitTypeError(
-            f"{who}({name}, ...): the arguments do not match {name}{sig}: {e}. Got {shapes}. "
-            f"Fix: pass the arguments {name} expects, as arrays or jax.ShapeDtypeStruct "
+            f"{who}({name}, ...): the arguments do not match {name}{sig}: {e}. Got {shapes}; "
+            f"fix: pass the arguments {name} expects, as arrays or jax.ShapeDtypeStruct "
             "(with sharding=NamedSharding(mesh, P(...)))."
         ) from None
 
@@ -68,7 +68,7 @@ def compile_for(
         if args or kwargs:
             raise ShardkitTypeError(
                 f"{who}(compiled, ...): a Compiled object takes no arguments; got {len(args)} "
-                f"positional and {len(kwargs)} keyword. Fix: {who}(compiled) or "
+                f"positional and {len(kwargs)} keyword; fix: {who}(compiled) or "
                 f"{who}(jitted_fn, *args)."
             )
         return fn, None
@@ -78,7 +78,7 @@ def compile_for(
         if args or kwargs:
             raise ShardkitTypeError(
                 f"{who}({kind}, ...): a {what} object takes no arguments; got {len(args)} "
-                f"positional. Fix: {who}({kind}) or {who}(jitted_fn, *args)."
+                f"positional; fix: {who}({kind}) or {who}(jitted_fn, *args)."
             )
         compiled = fn.compile() if kind == "lowered" else fn.lower().compile()
     else:

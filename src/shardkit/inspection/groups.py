@@ -133,7 +133,7 @@ def replica_groups(instr: Instruction, num_partitions: int) -> list[list[int]]:
     if groups is None:
         raise ShardkitValueError(
             f"{key}={raw!r} of %{instr.name} is not a spelling of replica groups shardkit "
-            "knows (explicit {{...}}, iota [..]<=[..], mesh[...] {...}). Fix: report the "
+            "knows (explicit {{...}}, iota [..]<=[..], mesh[...] {...}); fix: report the "
             "HLO line to shardkit."
         )
     return groups

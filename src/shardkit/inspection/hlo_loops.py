@@ -59,14 +59,14 @@ def _branch_weights(
                             if i.opcode == "conditional"})  # fmt: skip
             raise ShardkitValueError(
                 f"execution_counts(branch_counts=...): key {key!r} names no conditional of "
-                f"module {module.name} (its conditionals: {names[:6] or 'none'}). Fix: key by "
+                f"module {module.name} (its conditionals: {names[:6] or 'none'}); fix: key by "
                 "an instruction name or an op_name component, e.g. the jax.named_scope the "
                 "lax.switch runs under."
             )
         if min(weights, default=-1) < 0 or not sum(weights):
             raise ShardkitValueError(
                 f"execution_counts(branch_counts=...): branch_counts[{key!r}] = {weights} "
-                "must be executions per branch, >= 0 and not all 0. Fix: count how often "
+                "must be executions per branch, >= 0 and not all 0; fix: count how often "
                 "each branch index is taken, e.g. numpy.bincount(indices, minlength=n)."
             )
         for ins in found:
@@ -74,14 +74,14 @@ def _branch_weights(
             if n != len(weights):
                 raise ShardkitValueError(
                     f"execution_counts(branch_counts=...): branch_counts[{key!r}] has "
-                    f"{len(weights)} counts but conditional {ins.name} has {n} branches. Fix: "
+                    f"{len(weights)} counts but conditional {ins.name} has {n} branches; fix: "
                     f"give one count per branch, in branch-index order ({n} values)."
                 )
             where = (ins.computation, ins.name)
             if where in out and out[where] != weights:
                 raise ShardkitValueError(
                     f"execution_counts(branch_counts=...): conditional {ins.name} is named by "
-                    f"two keys with different counts ({out[where]} and {weights}). Fix: key "
+                    f"two keys with different counts ({out[where]} and {weights}); fix: key "
                     "each conditional once."
                 )
             out[where] = weights

@@ -350,7 +350,7 @@ def parse_hlo(text: str) -> HloModule:
     if not isinstance(text, str):
         raise ShardkitTypeError(
             f"parse_hlo(text=...) expects the str of compiled.as_text(); got "
-            f"{type(text).__name__}. Fix: parse_hlo(jax.jit(f).lower(x).compile().as_text())."
+            f"{type(text).__name__}; fix: parse_hlo(jax.jit(f).lower(x).compile().as_text())."
         )
     head, sep, _ = text.partition("\n")
     hm = re.search(r"HloModule\s+([\w.\-]+)", head) if sep or head else None
@@ -359,7 +359,7 @@ def parse_hlo(text: str) -> HloModule:
     if hm is None:
         hint = " (this looks like StableHLO)" if "func.func" in text[:4000] else ""
         raise ShardkitValueError(
-            "parse_hlo(text=...): no `HloModule` header found" + hint + ". Fix: pass the text "
+            "parse_hlo(text=...): no `HloModule` header found" + hint + "; fix: pass the text "
             "of a compiled program, jax.jit(f).lower(*args).compile().as_text(), not "
             "lowered.as_text()."
         )

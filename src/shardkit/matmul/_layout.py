@@ -139,7 +139,7 @@ def normalize_spec(spec: object, *, name: str, mesh: Mesh) -> Spec:
     if len(entries) > 2:
         raise MatmulLayoutError(
             f"{name}: spec {fmt_spec(entries)} has {len(entries)} entries but a matmul operand "
-            "is 2-D. Fix: pass a spec with at most two entries, e.g. P('x', None)."
+            "is 2-D; fix: pass a spec with at most two entries, e.g. P('x', None)."
         )
     out: list[str | None] = []
     for e in entries + (None,) * (2 - len(entries)):
@@ -147,14 +147,14 @@ def normalize_spec(spec: object, *, name: str, mesh: Mesh) -> Spec:
             if len(e) > 1:
                 raise MatmulLayoutError(
                     f"{name}: spec {fmt_spec(entries)} shards one dim over several mesh axes "
-                    f"{e}; shardkit's matmul kernels take one mesh axis per dim. Fix: use "
+                    f"{e}; shardkit's matmul kernels take one mesh axis per dim; fix: use "
                     "algorithm='gspmd', or reshape the mesh so one mesh axis covers those devices."
                 )
             e = e[0] if e else None
         if e is not None and e not in mesh.shape:
             raise MatmulLayoutError(
                 f"{name}: spec {fmt_spec(entries)} names mesh axis {e!r}, but the mesh has "
-                f"mesh axes {dict(mesh.shape)}. Fix: use one of {tuple(mesh.axis_names)} or None."
+                f"mesh axes {dict(mesh.shape)}; fix: use one of {tuple(mesh.axis_names)} or None."
             )
         out.append(e)
     return (out[0], out[1])
@@ -166,7 +166,7 @@ def check_divisible(shape: tuple[int, int], spec: Spec, mesh: Mesh, *, name: str
         if axis is not None and size % mesh.shape[axis]:
             raise MatmulLayoutError(
                 f"{name}: dim {d} has size {size}, not divisible by mesh axis {axis!r} of size "
-                f"{mesh.shape[axis]} (shape {shape}, spec {fmt_spec(spec)}). Fix: pad dim {d} "
+                f"{mesh.shape[axis]} (shape {shape}, spec {fmt_spec(spec)}); fix: pad dim {d} "
                 f"to a multiple of {mesh.shape[axis]} or leave it unsharded (None)."
             )
 
@@ -180,7 +180,7 @@ def _sharding_of(x: object, name: str) -> NamedSharding | None:
         if any(t != AxisType.Explicit for t in s.mesh.axis_types):
             raise MatmulLayoutError(
                 f"{name} is traced inside jax.jit on a mesh with Auto axes "
-                f"{dict(s.mesh.shape)}, where its layout is not part of its type. Fix: call "
+                f"{dict(s.mesh.shape)}, where its layout is not part of its type; fix: call "
                 "shardkit.matmul outside jit, or use a mesh with Explicit axes "
                 "(jax.make_mesh's default)."
             )
@@ -206,13 +206,13 @@ def layout_of(
     for name, x in (("A", a), ("B", b)):
         if len(x.shape) != 2:
             raise MatmulLayoutError(
-                f"{name} has shape {tuple(x.shape)}; matmul takes 2-D operands. Fix: reshape "
+                f"{name} has shape {tuple(x.shape)}; matmul takes 2-D operands; fix: reshape "
                 f"{name} to 2-D (fold batch dims into rows) or use jnp.matmul for batched products."
             )
     if a.shape[1] != b.shape[0]:
         raise MatmulLayoutError(
             f"inner dims differ: A has shape {tuple(a.shape)} and B has shape {tuple(b.shape)} "
-            f"(A.shape[1]={a.shape[1]} != B.shape[0]={b.shape[0]}). Fix: transpose one operand "
+            f"(A.shape[1]={a.shape[1]} != B.shape[0]={b.shape[0]}); fix: transpose one operand "
             "or pass matrices whose inner dims match."
         )
     sa_, sb_ = _sharding_of(a, "A"), _sharding_of(b, "B")
@@ -226,7 +226,7 @@ def layout_of(
                 else "so there is no mesh to run on"
             )
             raise MatmulLayoutError(
-                f"neither A nor B has a NamedSharding, {where}. Fix: "
+                f"neither A nor B has a NamedSharding, {where}; fix: "
                 "jax.device_put(A, NamedSharding(mesh, P('x', None))) first (on a mesh with "
                 "Explicit axes when calling inside jit)."
             )
@@ -234,8 +234,8 @@ def layout_of(
     for m in meshes:
         if m.shape != mesh.shape or m.axis_names != mesh.axis_names:
             raise MatmulLayoutError(
-                f"A and B live on different meshes ({dict(m.shape)} vs {dict(mesh.shape)}). "
-                "Fix: jax.device_put both operands with NamedShardings on the same mesh."
+                f"A and B live on different meshes ({dict(m.shape)} vs {dict(mesh.shape)}); "
+                "fix: jax.device_put both operands with NamedShardings on the same mesh."
             )
 
     def spec_of(s: NamedSharding | None, given: object) -> object:

@@ -46,7 +46,7 @@ __all__ = ["fit_allgather", "fit_gspmd", "fit_reduce_scatter", "run_recipe"]
 def _check_out(out: Spec) -> None:
     if out[0] is not None and out[0] == out[1]:
         raise MatmulLayoutError(
-            f"out_spec {fmt_spec(out)} uses mesh axis {out[0]!r} on both dims. Fix: shard "
+            f"out_spec {fmt_spec(out)} uses mesh axis {out[0]!r} on both dims; fix: shard "
             f"one dim of C over it, e.g. P({out[0]!r}, None)."
         )
 
@@ -71,7 +71,7 @@ def _fix_output(L: MatmulLayout, nat: Spec, out: Spec, coll: list, recipe: list)
             if out[d] in cur:
                 raise MatmulLayoutError(
                     f"out_spec {fmt_spec(out)} cannot be reached from the product's layout "
-                    f"{fmt_spec(nat)} by gathering and slicing. Fix: use algorithm='gspmd'."
+                    f"{fmt_spec(nat)} by gathering and slicing; fix: use algorithm='gspmd'."
                 )
             recipe.append(("slice", "C", d, out[d]))
             cur[d] = out[d]
@@ -160,20 +160,20 @@ def fit_reduce_scatter(L: MatmulLayout, out: Spec | None) -> Method:
     if ak is None and bk is None:
         raise MatmulLayoutError(
             f"algorithm='reduce_scatter' needs the contracting dim K sharded, but {a_txt} and "
-            f"{b_txt} leave K whole. Fix: algorithm='allgather' (no communication needed here), "
+            f"{b_txt} leave K whole; fix: algorithm='allgather' (no communication needed here), "
             "or shard K: A P(None, 'x') and B P('x', None)."
         )
     if ak is not None and bk is not None and ak != bk:
         raise MatmulLayoutError(
             f"algorithm='reduce_scatter': K is sharded over different mesh axes in {a_txt} "
-            f"({ak!r}, size {L.size(ak)}) and {b_txt} ({bk!r}, size {L.size(bk)}). Fix: shard "
+            f"({ak!r}, size {L.size(ak)}) and {b_txt} ({bk!r}, size {L.size(bk)}); fix: shard "
             "K of both operands over the same mesh axis, or use algorithm='allgather'."
         )
     x = ak if ak is not None else bk
     if x in (am, bn) or (am is not None and am == bn):
         raise MatmulLayoutError(
             f"algorithm='reduce_scatter' cannot split K over mesh axis {x!r} in {a_txt} @ "
-            f"{b_txt}: a mesh axis would shard two dims of one product. Fix: "
+            f"{b_txt}: a mesh axis would shard two dims of one product; fix: "
             "algorithm='allgather', or keep M and N off that mesh axis."
         )
     coll: list[MatmulCollective] = []

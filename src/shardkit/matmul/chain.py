@@ -143,8 +143,8 @@ class ChainPlan:
     def __call__(self, *arrays: jax.Array) -> jax.Array:
         if len(arrays) != len(self.in_specs):
             raise ShardkitTypeError(
-                f"this plan multiplies {len(self.in_specs)} matrices but got {len(arrays)}. "
-                "Fix: pass the same matrices that were planned, in order."
+                f"this plan multiplies {len(self.in_specs)} matrices but got {len(arrays)}; "
+                "fix: pass the same matrices that were planned, in order."
             )
         return self.function(*arrays)
 
@@ -199,7 +199,7 @@ def chain(
     """
     if len(arrays) < 2:
         raise MatmulLayoutError(
-            f"chain needs at least two matrices, got {len(arrays)}. Fix: pass a list such as "
+            f"chain needs at least two matrices, got {len(arrays)}; fix: pass a list such as "
             "[A, B, C, D]."
         )
     layouts = [layout_of(arrays[i], arrays[i + 1], mesh=mesh) for i in range(len(arrays) - 1)]
@@ -207,7 +207,7 @@ def chain(
     for lay in layouts[1:]:
         if lay.mesh.shape != mesh.shape or lay.mesh.axis_names != mesh.axis_names:
             raise MatmulLayoutError(
-                "the matrices of a chain live on different meshes. Fix: jax.device_put all of "
+                "the matrices of a chain live on different meshes; fix: jax.device_put all of "
                 "them with NamedShardings on one mesh."
             )
     specs = [layouts[0].a_spec] + [lay.b_spec for lay in layouts]

@@ -52,7 +52,7 @@ __all__ = ["build_collective", "fit_collective"]
 def _no_fit(L: MatmulLayout, why: str, fix: str) -> MatmulLayoutError:
     a = fmt_layout("A", L.a_spec, ("M", "K"))
     b = fmt_layout("B", L.b_spec, ("K", "N"))
-    return MatmulLayoutError(f"algorithm='collective' does not fit {a} @ {b}: {why}. Fix: {fix}")
+    return MatmulLayoutError(f"algorithm='collective' does not fit {a} @ {b}: {why}; fix: {fix}")
 
 
 def fit_collective(L: MatmulLayout, out: Spec | None, *, bidirectional: bool = False) -> Method:

@@ -68,7 +68,7 @@ def fit(
     if algorithm == "auto":
         return choose(L, out)
     raise ShardkitValueError(
-        f"algorithm={algorithm!r} is not one of {ALGORITHMS}. Fix: algorithm='auto' lets "
+        f"algorithm={algorithm!r} is not one of {ALGORITHMS}; fix: algorithm='auto' lets "
         "shardkit pick by bytes moved and peak memory."
     )
 
@@ -145,7 +145,7 @@ class Explanation:
                     f"{fmt_spec(m.out_spec)}{mark}"
                 )
             else:
-                reason = str(m).split(". Fix:")[0]
+                reason = str(m).split("; fix:")[0]
                 lines.append(f"{label:<28}{'-':>12}{'-':>12}  does not fit: {reason}")
         lines.append(
             f"chosen: {self.chosen.algorithm}: {self.chosen.detail} (fewest bytes "

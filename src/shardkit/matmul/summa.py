@@ -57,7 +57,7 @@ def fit_summa(L: MatmulLayout, out: Spec | None) -> Method:
     if len(L.mesh.axis_names) < 2:
         raise MatmulLayoutError(
             f"algorithm='summa' needs a 2-D mesh, but the mesh has one mesh axis "
-            f"{dict(L.mesh.shape)}. Fix: build a 2-D mesh, e.g. jax.make_mesh((2, 4), "
+            f"{dict(L.mesh.shape)}; fix: build a 2-D mesh, e.g. jax.make_mesh((2, 4), "
             "('data', 'model')), or use algorithm='collective' on a 1-D mesh."
         )
     (r, c), (rb, cb) = L.a_spec, L.b_spec
@@ -67,13 +67,13 @@ def fit_summa(L: MatmulLayout, out: Spec | None) -> Method:
         names = tuple(L.mesh.axis_names[:2])
         raise MatmulLayoutError(
             f"algorithm='summa' needs A[M_R, K_C] and B[K_R, N_C] over two mesh axes R, C; got "
-            f"{a} and {b}. Fix: put both operands on P{names} (jax.device_put(x, "
+            f"{a} and {b}; fix: put both operands on P{names} (jax.device_put(x, "
             f"NamedSharding(mesh, P{names}))), or use algorithm='auto'."
         )
     if out is not None and out != (r, c):
         raise MatmulLayoutError(
-            f"algorithm='summa' returns C as {fmt_spec((r, c))}, not out_spec={fmt_spec(out)}. "
-            f"Fix: out_spec={fmt_spec((r, c))}, or algorithm='allgather' for other outputs."
+            f"algorithm='summa' returns C as {fmt_spec((r, c))}, not out_spec={fmt_spec(out)}; "
+            f"fix: out_spec={fmt_spec((r, c))}, or algorithm='allgather' for other outputs."
         )
     pr, pc = L.size(r), L.size(c)
     steps = lcm(pr, pc)

@@ -351,9 +351,8 @@ def pipeline_value_and_grad(
             "residuals='recompute' or residuals='stash'"
         )
     m = microbatches
-    schedule.check(p, m)
     v = schedule.virtual
-    tbl = table(schedule, p, m)
+    tbl = table(schedule, p, m)  # checks that the schedule runs m micro-batches on p stages
     plan = sl.plan(tbl, stash=residuals == "stash")
     body = table_body(
         stage_fn, last_fn, plan, stage_axis=stage_axis, v=v, input_grad=input_grad,

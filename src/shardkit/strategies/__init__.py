@@ -12,9 +12,11 @@ Example:
 """
 
 from shardkit.strategies.auto import Auto as Auto
+from shardkit.strategies.bound import BoundStrategy as BoundStrategy
+from shardkit.strategies.bound import ExpectedCollectives as ExpectedCollectives
+from shardkit.strategies.bound import Strategy as Strategy
 from shardkit.strategies.core import FSDP as FSDP
 from shardkit.strategies.core import DataParallel as DataParallel
-from shardkit.strategies.core import ExpectedCollectives as ExpectedCollectives
 from shardkit.strategies.core import Hybrid as Hybrid
 from shardkit.strategies.core import TensorParallel as TensorParallel
 from shardkit.strategies.core import UnmatchedLeafError as UnmatchedLeafError
@@ -25,9 +27,11 @@ __all__ = [
     "FSDP",
     "Auto",
     "DataParallel",
+    "BoundStrategy",
     "ExpectedCollectives",
     "Hybrid",
     "Pipeline",
+    "Strategy",
     "TensorParallel",
     "UnmatchedLeafError",
     "from_name",

@@ -28,39 +28,12 @@ from jax.sharding import PartitionSpec as P
 from shardkit.common import path_str
 from shardkit.errors import ShardkitValueError
 from shardkit.linter import UnmatchedLeafError
-from shardkit.mesh import make_mesh
+from shardkit.mesh import fill_rest, make_mesh
+from shardkit.strategies.bound import BoundStrategy, ExpectedCollectives
 from shardkit.strategies.pipeline import Pipeline
 
 TENSOR_NAMES = ("mlp", "heads", "vocab")  # logical names split by tensor parallelism
 NEVER_SHARDED = ("layers",)  # the stacked-layer axis is scanned over, never split
-
-
-@dataclasses.dataclass(frozen=True)
-class ExpectedCollectives:
-    """The collective kinds a strategy's compiled training step must and may contain.
-
-    Attributes:
-        required: groups of alternatives; each group needs at least one kind present
-            (e.g. `{"reduce-scatter", "all-reduce"}` for FSDP gradients, since XLA:CPU may
-            emit an all-reduce where a GPU emits a reduce-scatter).
-        allowed: every kind that may appear; any other kind is a finding.
-        why: one line per required group, for reports.
-    """
-
-    required: tuple[frozenset[str], ...]
-    allowed: frozenset[str]
-    why: tuple[str, ...] = ()
-
-    def check(self, counts: Mapping[str, int]) -> list[str]:
-        """Returns human-readable problems (empty when `counts` matches)."""
-        present = {k for k, n in counts.items() if n}
-        problems = []
-        for group, reason in zip(self.required, self.why, strict=True):
-            if not present & group:
-                problems.append(f"missing {' or '.join(sorted(group))} ({reason})")
-        for kind in sorted(present - self.allowed):
-            problems.append(f"unexpected {kind} x{counts[kind]}")
-        return problems
 
 
 class _Base:
@@ -103,6 +76,34 @@ class _Base:
                 f"axis_types={axis_types!r} is not 'auto' or 'explicit'; fix: axis_types='auto'."
             )
         return make_mesh(self.mesh_axes(len(devices)), axis_types=axis_types, devices=devices)
+
+    def bind(self, mesh) -> BoundStrategy:
+        """This strategy resolved against `mesh` once: sizes, batch axes, pipeline, specs.
+
+        Args:
+            mesh: a `Mesh` or `AbstractMesh` (e.g. from `make_mesh`).
+
+        Raises:
+            ValueError: when the strategy has pipeline stages and the mesh's "stage" axis
+                does not have that size (names the fix).
+
+        Example:
+            >>> b = FSDP().bind(FSDP().make_mesh())
+            >>> b.batch_axes, b.size("fsdp")
+            (('fsdp',), 8)
+        """
+        stages = self.pipeline.stages if self.pipeline is not None else 1
+        sizes = dict(mesh.shape)
+        if stages > 1 and sizes.get("stage", 1) != stages:
+            have = f"size {sizes['stage']}" if "stage" in sizes else "no 'stage' axis"
+            n = max(1, math.prod(sizes.values()) // stages)
+            raise ShardkitValueError(
+                f"the strategy has Pipeline(stages={stages}) but the mesh {sizes} has {have}; "
+                f"fix: let the Trainer build the mesh (strategy.make_mesh()), or pass a mesh "
+                f"with 'stage': {stages}, e.g. shardkit.make_mesh({{'stage': {stages}, "
+                f"'data': {n}}})."
+            )
+        return BoundStrategy.of(self, mesh)
 
     # -- layouts --------------------------------------------------------------------------
     def batch_axes(self, mesh) -> tuple[str, ...]:
@@ -218,28 +219,9 @@ def _check_degrees(sizes: Mapping[str, int]) -> None:
 
 
 def _resolve(n_devices: int, sizes: Mapping[str, int]) -> dict[str, int]:
-    """Fills in a single -1 degree with the remaining devices."""
+    """Checks the degrees, then fills a single -1 degree with the remaining devices."""
     _check_degrees(sizes)
-    free = [k for k, v in sizes.items() if v == -1]
-    for k, v in sizes.items():
-        if v != -1 and v < 1:
-            raise ShardkitValueError(
-                f"{k}={v} must be a positive degree or -1 (the rest); fix: {k}=-1."
-            )
-    if len(free) > 1:
-        raise ShardkitValueError(
-            f"only one degree may be -1, got {', '.join(free)}; fix: give all but one a size."
-        )
-    fixed = math.prod(v for v in sizes.values() if v != -1)
-    out = dict(sizes)
-    if free:
-        if n_devices % fixed:
-            raise ShardkitValueError(
-                f"{_fmt({k: v for k, v in sizes.items() if v != -1})} does not divide "
-                f"{n_devices} devices; fix: use degrees whose product divides {n_devices}."
-            )
-        out[free[0]] = n_devices // fixed
-    return out
+    return fill_rest(sizes, n_devices)
 
 
 def _map_specs(strategy, params, mesh, logical, *, for_optimizer: bool):

@@ -32,23 +32,16 @@ def pipeline_of(trainer) -> Any:
     """The strategy's `Pipeline` when it has stages > 1 (None otherwise), checked for `trainer`.
 
     Raises:
-        ValueError: when the mesh lacks a matching "stage" axis, grad_accum > 1, the model has
-            no `pipeline_stages`, its layers do not split into the stages, or the loss is not
-            the one the model's last stage computes, or bfloat16 with a tensor axis on CPU
-            (XLA:CPU aborts compiling it); each names the fix.
+        ValueError: when grad_accum > 1, the model has no `pipeline_stages`, its layers do
+            not split into the stages, the loss is not the one the model's last stage
+            computes, or bfloat16 with a tensor axis on CPU (XLA:CPU aborts compiling it);
+            each names the fix. (A mesh without a matching "stage" axis fails earlier, in
+            `strategy.bind`.)
     """
-    pipe = getattr(trainer.strategy, "pipeline", None)
-    if pipe is None or pipe.stages == 1:
+    pipe = trainer.bound.pipeline  # the mesh's "stage" axis was checked when bound
+    if pipe is None:
         return None
-    sizes = dict(trainer.mesh.shape)
-    if sizes.get("stage", 1) != pipe.stages:
-        have = f"size {sizes['stage']}" if "stage" in sizes else "no 'stage' axis"
-        raise ShardkitValueError(
-            f"the strategy has Pipeline(stages={pipe.stages}) but the mesh {sizes} has {have}; "
-            f"fix: let the Trainer build the mesh (strategy.make_mesh()), or pass a mesh with "
-            f"'stage': {pipe.stages}, e.g. shardkit.make_mesh({{'stage': {pipe.stages}, "
-            f"'data': {max(1, trainer.mesh.size // pipe.stages)}}})."
-        )
+    sizes = trainer.bound.axis_sizes
     if trainer.grad_accum > 1:
         raise ShardkitValueError(
             f"grad_accum={trainer.grad_accum} with Pipeline(stages={pipe.stages}): the pipeline "
@@ -124,7 +117,7 @@ def pipeline_loss_and_grads(trainer, params: Any, batch: dict) -> tuple[jax.Arra
     inputs = batch[staged.input_key]  # (m, mb, ...)
     target = {k: v for k, v in batch.items() if k != staged.input_key}
     front_specs = {k: trainer.param_specs[k] for k in front}
-    data_axes = trainer.strategy.batch_axes(trainer.mesh)
+    data_axes = trainer.bound.batch_axes
     first = _front(staged.first_fn, trainer.mesh, front_specs, data_axes)
     xs, first_vjp = jax.vjp(lambda f: first(f, inputs), front)  # (m, mb, T, D)
     run = pipeline_value_and_grad(

@@ -206,7 +206,7 @@ def build_trainer(cfg: TrainConfig, devices=None, *, planned=None):
 def layout_rows(trainer) -> list[dict[str, Any]]:
     """One row per parameter: path, shape, logical names, layout, bytes per device."""
 
-    sizes = dict(trainer.mesh.shape)
+    sizes = trainer.bound.axis_sizes
     flat = jax.tree_util.tree_flatten_with_path(trainer.abstract_params)[0]
     specs = jax.tree.leaves(trainer.param_specs, is_leaf=lambda x: isinstance(x, tuple))
     names = (
@@ -244,7 +244,7 @@ def _print_table(console, rows, title):
 def audit_step(trainer, compiled) -> tuple[list[dict], list[str], list[dict], Any]:
     """Compares the compiled step's collectives with the strategy's; reads memory per device."""
     counts = collective_counts(compiled.as_text())
-    expected = trainer.strategy.expected_collectives(trainer.mesh)
+    expected = trainer.bound.expected
     problems = expected.check(counts)
     report = None
     try:
@@ -360,7 +360,7 @@ def _show_set_up(run: _Run) -> None:
         for i, row in enumerate(plan_rows(run.planned), 1):
             say(f"         {i}. " + escape(row))
     say(f"[bold]mesh[/]     {describe_mesh(mesh)}")
-    say(f"[bold]strategy[/] {trainer.strategy.describe(mesh)}")
+    say(f"[bold]strategy[/] {trainer.bound.description}")
     say("[bold]why[/]      " + escape(run.why))
     n_params = sum(math.prod(x.shape) for x in jax.tree.leaves(trainer.abstract_params))
     say(
@@ -470,14 +470,14 @@ def _summary(run, history, eval_acc, eval_loss, compile_s, ckpt) -> tuple[dict, 
 def _report(run, summary, coll_rows, problems, memory, audit, history):
     """Writes the HTML report and `summary.json` into ``cfg.out``; returns the report's path."""
     cfg, trainer, mesh = run.cfg, run.trainer, run.trainer.mesh
-    expected = trainer.strategy.expected_collectives(mesh)
+    expected = trainer.bound.expected
     path = write_report(
         cfg.out,
         summary=summary,
         plan={
             "devices": f"{len(run.devices)} x {run.devices[0].device_kind}",
             "mesh": describe_mesh(mesh),
-            "strategy": trainer.strategy.describe(mesh),
+            "strategy": trainer.bound.description,
             "why": run.why,
             "expected collectives": "; ".join(
                 f"{' or '.join(sorted(g))}: {w}"
@@ -545,6 +545,6 @@ def train(cfg: TrainConfig, *, console: Any = None, quiet: bool = False) -> RunR
         checkpoint_dir=ckpt.directory,
         collective_problems=problems,
         strategy=run.trainer.strategy,
-        mesh_axes=dict(run.trainer.mesh.shape),
+        mesh_axes=dict(run.trainer.bound.axis_sizes),
         params=state.params,
     )

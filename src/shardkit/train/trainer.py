@@ -26,12 +26,12 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
-from jax.sharding import AxisType, NamedSharding
+from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from shardkit.errors import ShardkitError, ShardkitValueError
 from shardkit.models.common import logical_axes
-from shardkit.strategies import Auto
+from shardkit.strategies import Auto, Strategy
 from shardkit.strategies.core import drop_axis
 from shardkit.train.pipelined import pipeline_loss_and_grads, pipeline_of
 
@@ -95,7 +95,7 @@ class Trainer:
         optimizer: optax.GradientTransformation,
         loss_fn: Callable[..., Any],
         *,
-        strategy: Any = None,
+        strategy: Strategy | Auto | None = None,
         mesh: jax.sharding.Mesh | None = None,
         devices: Any = None,
         axis_types: str = "auto",
@@ -126,22 +126,20 @@ class Trainer:
             )
         self.strategy = strategy
         self.mesh = mesh if mesh is not None else strategy.make_mesh(devices, axis_types=axis_types)
-        self.explicit = any(t == AxisType.Explicit for t in self.mesh.axis_types)
+        # the strategy resolved against the mesh once; everything below reads it
+        self.bound = bound = strategy.bind(self.mesh)
+        self.explicit = bound.explicit
         self.pipeline = pipeline_of(self)  # None unless the strategy has stages > 1
         self.microbatches = self.pipeline.microbatches if self.pipeline else grad_accum
-        self.param_specs = strategy.param_specs(
-            self.abstract_params, self.mesh, logical=self.logical
-        )
-        self._opt_param_specs = strategy.opt_state_specs(
-            self.abstract_params, self.mesh, logical=self.logical
-        )
+        self.param_specs = bound.param_specs(self.abstract_params, logical=self.logical)
+        self._opt_param_specs = bound.opt_state_specs(self.abstract_params, logical=self.logical)
         self.compute_specs = jax.tree.map(
-            strategy.compute_spec, self.param_specs, is_leaf=lambda x: isinstance(x, P)
+            bound.compute_spec, self.param_specs, is_leaf=lambda x: isinstance(x, P)
         )
         # Stacked (scanned) layers are gathered one layer at a time inside the scan when the
         # model offers a `layer_layout` hook; everything else is gathered up front.
         self._stacked_key, self._upfront_specs, self._layer_specs = _split_stacked(
-            self.abstract_params, self.logical, self.param_specs, self.compute_specs, strategy
+            self.abstract_params, self.logical, self.param_specs, self.compute_specs, bound
         )
         if self.pipeline is not None and self._stacked_key is not None:
             # the non-pipelined forward (evaluate) gathers the stage-split layers up front
@@ -182,9 +180,7 @@ class Trainer:
         """NamedShardings for a batch dict (leading dim split; micro-batch dim first if any)."""
         out = {}
         for key, value in batch.items():
-            spec = self.strategy.batch_spec(
-                self.mesh, np.ndim(value) - (self.microbatches > 1 and micro)
-            )
+            spec = self.bound.batch_spec(np.ndim(value) - (self.microbatches > 1 and micro))
             if self.microbatches > 1 and micro:
                 spec = P(None, *spec)
             out[key] = NamedSharding(self.mesh, spec)
@@ -192,15 +188,12 @@ class Trainer:
 
     def batch_divisor(self, *, micro: bool = True) -> int:
         """The number every global batch size must be a multiple of."""
-        split = 1
-        for axis in self.strategy.batch_axes(self.mesh):
-            split *= self.mesh.shape[axis]
-        return split * (self.microbatches if micro else 1)
+        return self.bound.batch_split * (self.microbatches if micro else 1)
 
     def _check_batch_size(self, size: int, micro: bool) -> None:
         div = self.batch_divisor(micro=micro)
         if size % div:
-            axes = {a: self.mesh.shape[a] for a in self.strategy.batch_axes(self.mesh)}
+            axes = {a: self.bound.size(a) for a in self.bound.batch_axes}
             what = "microbatches" if self.pipeline else "grad_accum"
             raise BatchSizeError(
                 f"batch size {size} is not divisible by {div} (mesh axes {axes} that split the "
@@ -452,27 +445,35 @@ class Trainer:
         return self.compile_step(batch)(state, dict(batch))
 
 
-def _split_stacked(params, logical, param_specs, compute_specs, strategy):
+def _split_stacked(params, logical, param_specs, compute_specs, bound):
     """Specs for the up-front gather (stacked layers left split) and per-layer compute specs.
 
-    Applies when the parameters hold a "blocks" subtree whose leaves all carry the leading
-    logical axis "layers" (as `shardkit.models.GPT` does); otherwise everything is gathered
-    up front and the per-layer specs are None.
+    Applies when a top-level entry of the parameters is a stack of layers: every leaf under
+    it carries the leading logical axis "layers" (as `shardkit.models.GPT`'s "blocks" do).
+    Otherwise everything is gathered up front and the per-layer specs are None.
     """
-    key = "blocks"
-    if not isinstance(params, dict) or key not in params or not isinstance(logical, dict):
+    if not isinstance(params, dict) or not isinstance(logical, dict):
         return None, compute_specs, None
-    names = jax.tree.structure(params[key]).flatten_up_to(logical[key])
-    if not names or not all(n and n[0] == "layers" for n in names):
+    key = next((k for k in params if k in logical and _is_stack(params[k], logical[k])), None)
+    if key is None:
         return None, compute_specs, None
     upfront = dict(compute_specs)
     upfront[key] = param_specs[key]  # stay split; gathered per layer inside the scan
     layer = jax.tree.map(
-        lambda s: strategy.compute_spec(P(*tuple(s)[1:])),
+        lambda s: bound.compute_spec(P(*tuple(s)[1:])),
         param_specs[key],
         is_leaf=lambda x: isinstance(x, P),
     )
     return key, upfront, layer
+
+
+def _is_stack(params, logical) -> bool:
+    """Whether every leaf of `params` has the leading logical axis "layers"."""
+    try:
+        names = jax.tree.structure(params).flatten_up_to(logical)
+    except (ValueError, TypeError):  # the logical tree does not mirror this entry
+        return False
+    return bool(names) and all(n and n[0] == "layers" for n in names)
 
 
 def _merge_metrics(out):
