@@ -168,17 +168,21 @@ LAYERS = [
     {"leaves", "mesh"},
     {"linter", "models", "pipeline", "fft", "linalg", "matmul", "distributed"},
     {"rules", "layout"},
-    {"strategies"},
+    {"plan"},  # beside the others and pure: no JAX, no train, inspection or verify
+    {"strategies"},  # `Auto` asks the planner
     {"train"},
     {"inspection"},
-    {"plan"},  # beside the others and pure: it never imports train, inspection or verify
     {"verify"},  # compiles real steps to check the planner: may import all of them
 ]
 APPLICATION = ("shardkit.cli", "shardkit.train.run", "shardkit.__init__")
-# The planner's one convenience into the layer above it (`Plan.verify`) and the deprecated
+# The planner's conveniences into the layers above it (`Plan.verify`, a row's `strategy()`,
+# both imported on call) and the deprecated
 # aliases of the modules that moved to shardkit.verify (they go in the next release).
 UPWARD = {
     ("shardkit.plan.search", "shardkit.verify"),
+    ("shardkit.plan.cost", "shardkit.strategies.core"),  # Candidate.strategy(), on call
+    ("shardkit.plan.pipe", "shardkit.strategies.core"),
+    ("shardkit.plan.pipe", "shardkit.strategies.pipeline"),
     ("shardkit.plan.measure", "shardkit.verify.measurement"),
     ("shardkit.plan.verify", "shardkit.verify.compare"),
 }

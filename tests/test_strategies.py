@@ -6,6 +6,7 @@ from flax import nnx
 from jax.sharding import PartitionSpec as P
 
 from shardkit.models import GPT, GPTConfig, logical_axes
+from shardkit.plan import DoesNotFitError, Transformer, get_hardware, plan
 from shardkit.strategies import (
     FSDP,
     Auto,
@@ -118,16 +119,27 @@ def test_expected_collectives():
     assert e.required == () and e.check({"all-reduce": 1}) == ["unexpected all-reduce x1"]
 
 
-def test_auto_choices(gpt):
+def test_auto_is_the_planner(gpt):
+    # Auto() returns the planner's fastest runnable layout and the plan's reason
     params, logical = gpt
-    s, why = Auto().choose(params, n_devices=8, logical=logical)
-    assert s == Hybrid(data=-1, tensor=2) and "fits" in why
-    s, why = Auto(memory_per_device=1 << 16).choose(params, n_devices=8, logical=logical)
-    assert s == Hybrid(fsdp=-1, tensor=2) and "does not fit" in why and "ZeRO-3" in why
-    assert Auto().choose(params, n_devices=8)[0] == DataParallel()
+    s, why = Auto().choose(params, n_devices=8, logical=logical, workload=CFG, batch=16)
+    w = Transformer.from_gpt_config(CFG, batch=16, precision="fp32")
+    planned = plan(w, devices=8, hardware="cpu")
+    assert s == planned.runnable_best().strategy() and why == planned.why()
+    # any pytree: a Dense model of its parameters; less memory moves it to ZeRO-3
+    s, why = Auto().choose(params, n_devices=8)
+    assert s.fsdp == 8 and s.zero == 1 and "ZeRO-1" in why
+    s, why = Auto(memory_per_device=200_000).choose(params, n_devices=8)
+    assert s.fsdp == 8 and s.zero == 3 and "ZeRO-3" in why
+    with pytest.raises(DoesNotFitError, match=r"fits on no layout of 8 x cpu.*KB"):
+        Auto(memory_per_device=1 << 16).choose(params, n_devices=8)
     assert Auto().choose(params, n_devices=1)[0] == DataParallel()
-    with pytest.raises(ValueError, match="batch=6 is not divisible by the 4 devices"):
+    with pytest.raises(ValueError, match="batch=6.*a batch that is a multiple of 8"):
         Auto().choose(params, n_devices=8, logical=logical, batch=6)
+    with pytest.raises(ValueError, match=r"memory_per_device=0.*fix"):
+        Auto(memory_per_device=0)
+    with pytest.warns(DeprecationWarning, match="memory_per_device"):
+        assert Auto(fraction=0.5).profile().hbm_bytes == get_hardware("cpu").hbm_bytes // 2
 
 
 def test_from_name():

@@ -10,6 +10,7 @@ from flax import nnx
 
 from shardkit.inspection.hlo import collective_counts
 from shardkit.models import GPT, MLP, GPTConfig, classification_loss, lm_loss
+from shardkit.plan import Transformer, plan
 from shardkit.strategies import FSDP, Auto, DataParallel, Hybrid, TensorParallel
 from shardkit.train.data import ReverseTask, TeacherTask
 from shardkit.train.trainer import BatchSizeError, Trainer
@@ -92,8 +93,10 @@ def test_strategy_matches_single_device(name, kind, reference):
     opt_arrays = [x for x in jax.tree.leaves(state.opt_state) if x.ndim]
     if name == "dp":
         assert per_device_bytes(state.params) == total
-    if name == "auto":  # data x tensor: tensor-named dims split 2 ways, the rest replicated
-        assert total // 2 < per_device_bytes(state.params) < total
+    if name == "auto":  # the planner's choice here: ZeRO-1 over 8 (optimizer state split)
+        assert trainer.strategy == Hybrid(fsdp=8, zero=1)
+        assert per_device_bytes(state.params) == total
+        assert per_device_bytes(opt_arrays) == 2 * total // 8
     if name == "fsdp":
         assert per_device_bytes(state.params) == total // 8
         assert per_device_bytes(opt_arrays) == 2 * total // 8
@@ -128,10 +131,20 @@ def test_init_is_born_sharded():
     assert stats.temp_size_in_bytes < full
 
 
-def test_auto_explains_its_choice():
-    trainer = gpt_trainer(Auto())
-    assert trainer.strategy == Hybrid(data=-1, tensor=2)
-    assert "fits" in trainer.strategy_reason and "tensor=2" in trainer.strategy_reason
+def test_auto_is_the_planners_choice_and_the_clis():
+    # Python's Auto() and `shardkit train --strategy auto` ask the same planner
+    from shardkit.train.config import TrainConfig
+    from shardkit.train.run import build_trainer
+
+    cfg = TrainConfig(strategy="auto", batch=BATCH, d_model=32, n_layers=2, n_heads=8)
+    cli_trainer, _, model_cfg = build_trainer(cfg)
+    trainer = Trainer(lambda k: GPT(model_cfg, rngs=nnx.Rngs(k)), optax.adam(1e-2), lm_loss,
+                      strategy=Auto(), batch_size=BATCH)  # fmt: skip
+    planned = plan(Transformer.from_gpt_config(model_cfg, batch=BATCH, precision="float32"),
+                   devices=8, hardware="cpu")  # fmt: skip
+    assert trainer.strategy == cli_trainer.strategy == planned.runnable_best().strategy()
+    assert trainer.strategy_reason == cli_trainer.strategy_reason == planned.why()
+    assert "predicted fastest" in trainer.strategy_reason
 
 
 def test_grad_accumulation_matches_full_batch(reference):

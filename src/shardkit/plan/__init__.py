@@ -24,6 +24,7 @@ from shardkit.plan.cost import evaluate as evaluate
 from shardkit.plan.hardware import Hardware as Hardware
 from shardkit.plan.hardware import UnknownHardwareError as UnknownHardwareError
 from shardkit.plan.hardware import get_hardware as get_hardware
+from shardkit.plan.hardware import hardware_for as hardware_for
 from shardkit.plan.hardware import known_hardware as known_hardware
 from shardkit.plan.memory import Precision as Precision
 from shardkit.plan.memory import model_state_bytes as model_state_bytes
@@ -48,6 +49,7 @@ __all__ = [
     "UnknownHardwareError",
     "evaluate",
     "get_hardware",
+    "hardware_for",
     "known_hardware",
     "model_state_bytes",
     "plan",

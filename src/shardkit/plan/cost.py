@@ -176,8 +176,9 @@ class Candidate:
             >>> evaluate(preset("llama3-8b", batch=8), "h100", fsdp=8).strategy()
             Hybrid(data=1, fsdp=8, tensor=1, zero=3, tensor_rules=None, rules=None, pipeline=None)
         """
-        # lazy: the planner imports no JAX; a row becomes a strategy on request
-        from shardkit import strategies
+        # lazy and upward: the planner imports no JAX and sits below the strategies (whose
+        # `Auto` plans); a row becomes a strategy on request
+        from shardkit.strategies.core import Hybrid
 
         if self.sequence_parallel:
             raise ShardkitValueError(
@@ -189,7 +190,7 @@ class Candidate:
             )
         zero = self.zero if self.fsdp > 1 else 3
         if self.stage == 1:
-            return strategies.Hybrid(data=self.data, fsdp=self.fsdp, tensor=self.tensor, zero=zero)
+            return Hybrid(data=self.data, fsdp=self.fsdp, tensor=self.tensor, zero=zero)
         return pipe.strategy(self)  # Hybrid(data, tensor, pipeline=Pipeline(...))
 
     @property

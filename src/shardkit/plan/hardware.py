@@ -58,7 +58,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import re
-from typing import Literal
+from typing import Any, Literal
 
 from shardkit.errors import ShardkitError, ShardkitValueError
 
@@ -408,6 +408,40 @@ def get_hardware(name: str | Hardware) -> Hardware:
     if key == "cpu":  # the running XLA:CPU's habits (`cpu_habits`)
         return _cpu_profile()
     return PROFILES[key]
+
+
+# substrings of a JAX device's `device_kind` (lower case) -> profile name; first match wins
+_KINDS = (("h100", "h100"), ("h200", "h200"), ("b200", "b200"), ("a100", "a100"),
+          ("mi300", "mi300x"), ("v4", "tpu-v4"), ("v5 lite", "tpu-v5e"), ("v5e", "tpu-v5e"),
+          ("v5p", "tpu-v5p"), ("v5", "tpu-v5p"), ("v6", "tpu-v6e"))  # fmt: skip
+
+
+def hardware_for(devices: Any) -> str:
+    """The profile name of these JAX devices: "cpu" on CPU, else by `device_kind`.
+
+    Reads only the first device's `platform` and `device_kind`, so the planner stays free of
+    JAX (pass `jax.devices()`).
+
+    Raises:
+        UnknownHardwareError: for an accelerator with no profile (names the known ones).
+
+    Example:
+        >>> import jax
+        >>> hardware_for(jax.devices())  # on the simulated CPU devices
+        'cpu'
+    """
+    device = devices[0]
+    if device.platform == "cpu":
+        return "cpu"
+    kind = device.device_kind.lower()
+    for key, name in _KINDS:
+        if key in kind:
+            return name
+    raise UnknownHardwareError(
+        f"no hardware profile for {device.device_kind!r}; fix: name the closest profile "
+        "(Auto(hardware='h100'), shardkit plan --hardware h100), pass --strategy with --mesh, "
+        f"or give a shardkit.plan.Hardware(...) (known: {', '.join(known_hardware())})."
+    )
 
 
 @functools.cache

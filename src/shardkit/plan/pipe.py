@@ -145,8 +145,10 @@ def strategy(candidate: Any, residuals: str | None = None) -> Any:
         >>> s.mesh_axes(8), s.pipeline.schedule.name
         ({'stage': 4, 'data': 2}, '1f1b')
     """
-    # lazy: the planner imports no JAX; a row becomes a strategy on request
-    from shardkit.strategies import Hybrid, Pipeline
+    # lazy and upward: the planner imports no JAX and sits below the strategies (whose
+    # `Auto` plans); a row becomes a strategy on request
+    from shardkit.strategies.core import Hybrid
+    from shardkit.strategies.pipeline import Pipeline  # (as above)
 
     reason = not_runnable(candidate)
     if reason:

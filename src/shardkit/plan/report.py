@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
+from shardkit.common import format_bytes
 from shardkit.plan.memory import model_state_bytes
+
+_SI = functools.partial(format_bytes, decimal=True)  # the planner's units: KB, MB, GB
 
 _SHORT = {
     "all-gather": "AG",
@@ -15,14 +19,6 @@ _SHORT = {
 }
 
 
-def _gb(x: float) -> str:
-    """Bytes with a unit: GB, MB, KB or B."""
-    for scale, unit in ((1e9, "GB"), (1e6, "MB"), (1e3, "KB")):
-        if abs(x) >= scale:
-            return f"{x / scale:.1f} {unit}"
-    return f"{x:.0f} B"
-
-
 def _time(s: float) -> str:
     if s < 1e-3:
         return f"{s * 1e6:.0f} us"
@@ -31,7 +27,7 @@ def _time(s: float) -> str:
 
 def collectives_text(c) -> str:
     """`AG 12.3 GB RS 12.3 GB AR 400.0 MB`: bytes each device moves per step, by kind."""
-    return " ".join(f"{_SHORT[k]} {_gb(v)}" for k, v in c.collectives.items()) or "none"
+    return " ".join(f"{_SHORT[k]} {_SI(v)}" for k, v in c.collectives.items()) or "none"
 
 
 def table(plan, top: int = 8):
@@ -46,8 +42,8 @@ def table(plan, top: int = 8):
     hw = plan.hardware
     title = (
         f"{plan.workload.name}: {plan.workload.n_params() / 1e9:.2f}B params, batch "
-        f"{plan.workload.batch}, on {plan.devices} x {hw.name} ({_gb(hw.usable_bytes)} of "
-        f"{_gb(hw.hbm_bytes)} usable) - {len(plan.candidates)} layouts fit"
+        f"{plan.workload.batch}, on {plan.devices} x {hw.name} ({_SI(hw.usable_bytes)} of "
+        f"{_SI(hw.hbm_bytes)} usable) - {len(plan.candidates)} layouts fit"
     )
     t = Table(title=title, title_justify="left")
     for col, just in [
@@ -58,10 +54,10 @@ def table(plan, top: int = 8):
     ]:  # fmt: skip
         t.add_column(col, justify=just)
     for i, c in enumerate(plan.candidates[:top], 1):
-        state = f"{_gb(c.param_bytes)} / {_gb(c.grad_bytes)} / {_gb(c.opt_bytes)}"
+        state = f"{_SI(c.param_bytes)} / {_SI(c.grad_bytes)} / {_SI(c.opt_bytes)}"
         t.add_row(
             str(i), _label(c), c.remat, f"{c.microbatches} x {c.micro_batch}", state,
-            _gb(c.activation_bytes + c.logits_bytes), _gb(c.peak_bytes), collectives_text(c),
+            _SI(c.activation_bytes + c.logits_bytes), _SI(c.peak_bytes), collectives_text(c),
             _time(c.step_time), f"{c.mfu:.0%}", c.bottleneck,
         )  # fmt: skip
     return t
@@ -82,11 +78,11 @@ def why(plan) -> str:
     parts = [f"{c.layout} is predicted fastest: {_time(c.step_time)} per step, MFU {c.mfu:.0%}."]
     zero = {0: "replicated", 1: "ZeRO-1: optimizer state split", 3: "ZeRO-3: all split"}[c.zero]
     parts.append(
-        f"Per device it holds {_gb(state)} of model state ({zero}), "
-        f"{_gb(c.activation_bytes + c.logits_bytes)} of activations (remat={c.remat}, "
+        f"Per device it holds {_SI(state)} of model state ({zero}), "
+        f"{_SI(c.activation_bytes + c.logits_bytes)} of activations (remat={c.remat}, "
         f"{c.microbatches} micro-batch{'es' if c.microbatches > 1 else ''} of {c.micro_batch}) "
-        f"and {_gb(c.gathered_bytes)} of gathered or cast weights: {_gb(c.peak_bytes)} of "
-        f"{_gb(hw.usable_bytes)} usable."
+        f"and {_SI(c.gathered_bytes)} of gathered or cast weights: {_SI(c.peak_bytes)} of "
+        f"{_SI(hw.usable_bytes)} usable."
     )
     split = [f"compute {_time(c.compute_time)}"]
     for axis, t in c.comm_time.items():
@@ -100,7 +96,7 @@ def why(plan) -> str:
     full = _replicated_state(w)
     if full > hw.usable_bytes:
         parts.append(
-            f"Plain data parallelism would need {_gb(full)} of model state per device, "
+            f"Plain data parallelism would need {_SI(full)} of model state per device, "
             "more than fits."
         )
     if not c.runnable:

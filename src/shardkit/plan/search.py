@@ -15,16 +15,20 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from typing import Any
 
+from shardkit.common import format_bytes
 from shardkit.errors import ShardkitError, ShardkitTypeError, ShardkitValueError
 from shardkit.plan.cost import Candidate, divisors, evaluate
 from shardkit.plan.hardware import Hardware, get_hardware
 from shardkit.plan.memory import model_state_bytes
 from shardkit.plan.report import render, table, why
 from shardkit.plan.workload import REMAT_POLICIES, Dense, Transformer, preset
+
+_SI = functools.partial(format_bytes, decimal=True)  # the planner's units: KB, MB, GB
 
 
 class NoValidLayoutError(ShardkitError, ValueError):
@@ -211,10 +215,6 @@ def _no_layout_message(w, n: int) -> str:
     )
 
 
-def _gb(x: float) -> str:
-    return f"{x / 1e9:,.1f} GB"
-
-
 def _no_fit_message(w, hw: Hardware, n: int, smallest, policies, more, zero3: bool) -> str:
     budget = hw.usable_bytes
     state3 = model_state_bytes(w.n_params(), zero=3, shards=n, precision=w.precision,
@@ -225,12 +225,12 @@ def _no_fit_message(w, hw: Hardware, n: int, smallest, policies, more, zero3: bo
     if state3 > budget:
         state_devices = 2 ** math.ceil(math.log2(state3 * n / budget))
         fixes.append(
-            f"more devices: the model state alone (ZeRO-3 over all {n}) is {_gb(state3)} per "
+            f"more devices: the model state alone (ZeRO-3 over all {n}) is {_SI(state3)} per "
             f"device, so the state alone needs at least {state_devices} devices; {fit}"
         )
     else:
         fixes.append(
-            f"more devices (ZeRO-3 state over {n} is {_gb(state3)}; the rest is activations, "
+            f"more devices (ZeRO-3 state over {n} is {_SI(state3)}; the rest is activations, "
             f"split further by tensor or pipeline degrees): {fit}"
         )
     if "block" not in policies:
@@ -248,14 +248,14 @@ def _no_fit_message(w, hw: Hardware, n: int, smallest, policies, more, zero3: bo
     if smallest is not None:
         detail = (
             f"; the smallest layout ({smallest.layout}, remat={smallest.remat}) needs "
-            f"{_gb(smallest.peak_bytes)}: state {_gb(smallest.param_bytes + smallest.opt_bytes)}"
-            f" + gradients {_gb(smallest.grad_bytes)} + activations "
-            f"{_gb(smallest.activation_bytes + smallest.logits_bytes)}"
+            f"{_SI(smallest.peak_bytes)}: state {_SI(smallest.param_bytes + smallest.opt_bytes)}"
+            f" + gradients {_SI(smallest.grad_bytes)} + activations "
+            f"{_SI(smallest.activation_bytes + smallest.logits_bytes)}"
         )
     return (
-        f"{w.name!r} fits on no layout of {n} x {hw.name}: it needs at least {_gb(need)} per "
-        f"device but {_gb(budget)} is usable ({hw.memory_fraction:.0%} of "
-        f"{_gb(hw.hbm_bytes)}), {_gb(need - budget)} ({need / budget:.1f}x) too much{detail}. "
+        f"{w.name!r} fits on no layout of {n} x {hw.name}: it needs at least {_SI(need)} per "
+        f"device but {_SI(budget)} is usable ({hw.memory_fraction:.0%} of "
+        f"{_SI(hw.hbm_bytes)}), {_SI(need - budget)} ({need / budget:.1f}x) too much{detail}. "
         f"fix: {'; '.join(fixes)}."
     )
 
@@ -283,6 +283,24 @@ class Plan:
     def best(self) -> Candidate:
         """The fastest layout that fits."""
         return self.candidates[0]
+
+    def runnable_best(self) -> Candidate:
+        """The fastest layout that shardkit runs (`Candidate.runnable`).
+
+        Rows combining fsdp with pipeline stages, or sequence parallelism, are predictions
+        only; they are passed over.
+
+        Raises:
+            NoValidLayoutError: when no row is runnable (names the fix).
+        """
+        for c in self.candidates:
+            if c.runnable:
+                return c
+        raise NoValidLayoutError(
+            f"none of the {len(self.candidates)} planned layouts can be run by shardkit (fsdp "
+            "inside pipeline stages); fix: --strategy hybrid with --mesh data=...,stage=..., or "
+            "plan(..., max_stage=1)."
+        )
 
     def top(self, n: int = 5) -> list[Candidate]:
         return self.candidates[:n]

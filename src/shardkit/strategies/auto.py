@@ -1,109 +1,154 @@
-"""`Auto`: picks a simple, sensible strategy from model and device sizes, and says why."""
+"""`Auto`: the planner chooses the strategy, from Python as from `shardkit train --strategy auto`.
+
+`Auto().choose(params, n_devices=...)` ranks every data x fsdp x tensor x stage layout with
+`shardkit.plan.plan` on the devices' hardware profile and returns the fastest one shardkit runs,
+with the plan's reason. A shardkit GPT is planned as the `Transformer` it is; any other
+parameter pytree as a `Dense` model of that many parameters (data and FSDP layouts only, since
+only named dims can be split by tensor parallelism safely).
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
+from collections.abc import Sequence
 from typing import Any
 
 import jax
 
 from shardkit.errors import ShardkitValueError
-from shardkit.strategies.core import TENSOR_NAMES, DataParallel, Hybrid
-
-_ADAM_BYTES_PER_PARAM = 16  # fp32 weights 4 + grads 4 + Adam m and v 8 (theory notes, ZeRO)
+from shardkit.plan import Dense, Hardware, Plan, Transformer, get_hardware, hardware_for, plan
+from shardkit.strategies.bound import Strategy
+from shardkit.strategies.core import DataParallel
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Auto:
-    """Chooses data, FSDP and tensor degrees from sizes; `choose` returns the strategy and why.
-
-    Rules, in order:
-      1. one device: `DataParallel` (nothing to split);
-      2. tensor=2 when the model names "mlp"/"heads"/"vocab" dims that 2 divides and there are
-         at least 4 devices (the smallest degree that splits every matmul; Megatron TP stays
-         compute-bound while its degree is below d_ff x bandwidth / peak FLOP/s);
-      3. the other devices split the batch: "data" when the training state (16 bytes per
-         parameter with Adam) fits in `fraction` of `memory_per_device`, else "fsdp" (ZeRO-3).
+    """Lets the planner choose data, FSDP, tensor and pipeline degrees (`shardkit.plan`).
 
     Args:
-        memory_per_device: bytes per device; default 16 GiB.
-        fraction: share of device memory the replicated state may use (default 0.5).
+        hardware: the planner's hardware profile ("h100", "tpu-v5p", "cpu", ...) or a
+            `shardkit.plan.Hardware`; default: the profile of the devices trained on.
+        memory_per_device: bytes per device, replacing the profile's (e.g. to leave room).
+        fraction: deprecated; scales `memory_per_device` (or the profile's memory). Use
+            `memory_per_device` alone.
 
     Example:
         >>> import jax
         >>> params = {"w": jax.ShapeDtypeStruct((64, 64), "float32")}
-        >>> strategy, why = Auto().choose(params, n_devices=8)
-        >>> strategy
-        DataParallel(data=-1)
+        >>> strategy, why = Auto().choose(params, n_devices=8, batch=8)
+        >>> strategy.mesh_axes(8)  # doctest: +SKIP
+        {'fsdp': 8}
 
-    See also: `Hybrid`, `shardkit.strategies.resolve`.
+    See also: `shardkit.plan.plan`, `Hybrid`, `shardkit.strategies.from_name`.
     """
 
-    memory_per_device: int = 16 << 30
-    fraction: float = 0.5
+    hardware: str | Hardware | None = None
+    memory_per_device: int | None = None
+    fraction: float | None = None
 
     def __post_init__(self):
-        if self.memory_per_device <= 0 or not 0 < self.fraction <= 1:
+        if self.memory_per_device is not None and self.memory_per_device <= 0:
             raise ShardkitValueError(
-                f"Auto(memory_per_device={self.memory_per_device}, fraction={self.fraction}) "
-                "needs a positive memory and 0 < fraction <= 1; fix: Auto(fraction=0.5)."
+                f"Auto(memory_per_device={self.memory_per_device}) must be a positive number "
+                "of bytes; fix: Auto(memory_per_device=16 << 30), or leave it out to use the "
+                "hardware profile's memory."
             )
+        if self.fraction is not None:
+            warnings.warn(
+                "Auto(fraction=...) is deprecated and goes in the next release: the planner "
+                "counts every byte itself; fix: pass memory_per_device= alone.",
+                DeprecationWarning,
+                stacklevel=3,
+            )
+            if not 0 < self.fraction <= 1:
+                raise ShardkitValueError(
+                    f"Auto(fraction={self.fraction}) needs 0 < fraction <= 1; fix: drop it."
+                )
+
+    def profile(self, devices: Sequence[Any] | None = None) -> Hardware:
+        """The hardware profile planned for: `hardware`, else that of `devices` (default all),
+        with `memory_per_device` applied."""
+        name = self.hardware
+        if name is None:
+            name = hardware_for(list(jax.devices() if devices is None else devices))
+        hw = get_hardware(name)
+        memory = self.memory_per_device
+        if self.fraction is not None:
+            memory = (memory or hw.hbm_bytes) * self.fraction
+        return hw if memory is None else hw.replace(hbm_bytes=int(memory))
+
+    def plan(
+        self, workload: Any, *, devices: int | Sequence[Any], batch: int | None = None
+    ) -> Plan:
+        """The planner's ranking of `workload`'s layouts on `devices` (a count or the devices).
+
+        Raises:
+            NoValidLayoutError, DoesNotFitError, UnknownHardwareError: as `shardkit.plan.plan`.
+        """
+        devs = None if isinstance(devices, int) else list(devices)
+        n = devices if devs is None else len(devs)
+        return plan(workload, devices=n, hardware=self.profile(devs), batch=batch)
 
     def choose(
-        self, params: Any, *, n_devices: int, logical: Any = None, batch: int | None = None
-    ) -> tuple[Any, str]:
-        """Returns (strategy, one-paragraph reason) for `params` on `n_devices`.
+        self,
+        params: Any,
+        *,
+        n_devices: int,
+        logical: Any = None,
+        batch: int | None = None,
+        workload: Any = None,
+        precision: str = "float32",
+        devices: Sequence[Any] | None = None,
+    ) -> tuple[Strategy, str]:
+        """Returns (the planner's fastest runnable strategy, its reason) for `params`.
 
         Args:
             params: pytree of arrays or ShapeDtypeStructs.
             n_devices: number of devices.
-            logical: tree of logical axis names (enables tensor parallelism).
-            batch: global batch size; batch-split degrees are kept to divisors of it.
+            logical: tree of logical axis names (kept for the caller's layouts; the planner
+                reads shapes from `workload`).
+            batch: global batch size; every layout splits it evenly (default: `n_devices`).
+            workload: what the planner plans: a `shardkit.models.GPTConfig`, a
+                `shardkit.plan.Transformer` or `Dense`; default a `Dense` model of `params`.
+            precision: the Trainer's compute dtype ("float32" or "bfloat16"; the planner
+                reads them as "fp32" and "shardkit").
+            devices: the devices, for their hardware profile (default `jax.devices()`).
+
+        Raises:
+            NoValidLayoutError: when no layout splits `batch` over `n_devices` (names the fix).
+            DoesNotFitError: when no layout fits in memory.
         """
-        leaves = jax.tree.leaves(params)
-        n_params = sum(math.prod(x.shape) for x in leaves)
-        state = _ADAM_BYTES_PER_PARAM * n_params
-        budget = self.fraction * self.memory_per_device
+        del logical  # tensor-parallel choices come from the workload's shapes
         if n_devices == 1:
             return DataParallel(), "one device: nothing to split."
-        tensor = 2 if n_devices >= 4 and n_devices % 2 == 0 and _tp_ok(params, logical) else 1
-        rest = n_devices // tensor
-        if batch is not None and batch % rest:
-            raise ShardkitValueError(
-                f"batch={batch} is not divisible by the {rest} devices that split the batch "
-                f"({n_devices} devices / tensor={tensor}); fix: use a batch that is a multiple "
-                f"of {rest}."
-            )
-        mb = state / 2**20
-        fits = state <= budget
-        split = "data" if fits else "fsdp"
-        why = (
-            f"{n_params:,} parameters need {mb:,.1f} MiB of training state (16 B/param with "
-            f"Adam), which {'fits' if fits else 'does not fit'} in {self.fraction:.0%} of "
-            f"{self.memory_per_device / 2**30:.0f} GiB per device, so the batch is split over "
-            f"'{split}' ({rest}-way{'' if fits else ', ZeRO-3: state split too'})"
+        batch = n_devices if batch is None else batch
+        w = _workload(params, workload, batch, precision)
+        planned = plan(w, devices=n_devices, hardware=self.profile(devices))
+        return planned.runnable_best().strategy(), planned.why()
+
+
+def _workload(params: Any, workload: Any, batch: int, precision: str) -> Transformer | Dense:
+    """The planner's workload: the given one, a GPTConfig's Transformer, or a Dense model."""
+    if isinstance(workload, Transformer | Dense):
+        return workload.replace(batch=batch)
+    if hasattr(workload, "n_layers") and hasattr(workload, "d_model"):  # a GPTConfig
+        return Transformer.from_gpt_config(workload, batch=batch, precision=precision)
+    if workload is not None:
+        raise ShardkitValueError(
+            f"Auto: workload={workload!r} is not a GPTConfig, Transformer or Dense; fix: "
+            "pass shardkit.plan.Dense(params=..., flops_per_example=...) for your model."
         )
-        if tensor > 1:
-            why += (
-                "; tensor=2 because the model names heads/mlp/vocab dims: Megatron splits every "
-                "matmul at the smallest degree, keeping communication per layer to 2 all-reduces"
-            )
-        why += "."
-        if tensor == 1:
-            strategy = DataParallel() if fits else Hybrid(fsdp=-1)
-        else:
-            strategy = Hybrid(data=-1, tensor=tensor) if fits else Hybrid(fsdp=-1, tensor=tensor)
-        return strategy, why
-
-
-def _tp_ok(params, logical) -> bool:
-    if logical is None:
-        return False
-    shapes = jax.tree.leaves(params)
-    names = jax.tree.structure(params).flatten_up_to(logical)
-    for leaf, nm in zip(shapes, names, strict=True):
-        for t in TENSOR_NAMES:
-            if nm and t in nm and leaf.shape[nm.index(t)] % 2 == 0:
-                return True  # dims 2 does not divide stay replicated (shown in the layout table)
-    return False
+    sizes = [math.prod(x.shape) for x in jax.tree.leaves(params)]
+    n = max(1, sum(sizes))
+    return Dense(
+        name="model",
+        params=n,
+        flops_per_example=6.0 * n,  # forward 2 FLOPs per parameter per example, backward 4
+        activation_bytes_per_example=0.0,  # unknown for an arbitrary model: not counted
+        batch=batch,
+        largest_layer_params=max(sizes, default=0),
+        layers=max(1, len(sizes)),
+        precision=precision,
+    )

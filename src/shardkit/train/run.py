@@ -31,8 +31,8 @@ from shardkit.layout import spec_notation
 from shardkit.linter import lint
 from shardkit.mesh import describe_mesh
 from shardkit.models import GPT, GPTConfig, lm_loss
-from shardkit.plan import Transformer, plan
-from shardkit.plan.hardware import known_hardware
+from shardkit.plan import Transformer
+from shardkit.plan.hardware import hardware_for
 from shardkit.strategies import Auto, from_name
 from shardkit.train.checkpoint import Checkpointer
 from shardkit.train.config import TrainConfig
@@ -93,29 +93,9 @@ def model_config(cfg: TrainConfig, data):
     )
 
 
-_KINDS = (("h100", "h100"), ("h200", "h200"), ("b200", "b200"), ("a100", "a100"),
-          ("mi300", "mi300x"), ("v4", "tpu-v4"), ("v5 lite", "tpu-v5e"), ("v5e", "tpu-v5e"),
-          ("v5p", "tpu-v5p"), ("v5", "tpu-v5p"), ("v6", "tpu-v6e"))  # fmt: skip
-
-
 def hardware_profile(devices) -> str:
-    """The planner's hardware profile for these devices: "cpu" on CPU, else by device kind.
-
-    Raises:
-        ValueError: for an accelerator with no profile (names the known ones).
-    """
-
-    device = devices[0]
-    if device.platform == "cpu":
-        return "cpu"
-    kind = device.device_kind.lower()
-    for key, name in _KINDS:
-        if key in kind:
-            return name
-    raise ShardkitValueError(
-        f"--strategy auto: no hardware profile for {device.device_kind!r}; fix: pass "
-        f"--strategy with --mesh, or add a profile (known: {', '.join(known_hardware())})."
-    )
+    """The planner's hardware profile for these devices (`shardkit.plan.hardware_for`)."""
+    return hardware_for(devices)
 
 
 def auto_plan(cfg: TrainConfig, model_cfg, devices):
@@ -123,32 +103,19 @@ def auto_plan(cfg: TrainConfig, model_cfg, devices):
 
     The workload is the run's GPT, batch, precision and remat policy; pipelined layouts
     (data x tensor x stage) compete with the others. The first row shardkit runs
-    (`runnable_best`) is the one trained.
+    (`Plan.runnable_best`) is the one trained. The same call as `Trainer(strategy=Auto())`.
     """
-
     workload = Transformer.from_gpt_config(
         model_cfg,
         batch=cfg.batch,
         precision=cfg.precision,  # the planner reads the Trainer's names
     )
-    return plan(workload, devices=len(devices), hardware=hardware_profile(devices))
+    return Auto().plan(workload, devices=devices)
 
 
 def runnable_best(planned):
-    """The fastest row of `planned` that shardkit runs (`Candidate.runnable`).
-
-    Rows combining fsdp with pipeline stages are predictions only; they are passed over.
-
-    Raises:
-        ValueError: when no row is runnable (names the fix).
-    """
-    for c in planned.candidates:
-        if c.runnable:
-            return c
-    raise ShardkitValueError(
-        f"none of the {len(planned.candidates)} planned layouts can be run by shardkit (fsdp "
-        "inside pipeline stages); fix: --strategy hybrid with --mesh data=...,stage=..."
-    )
+    """The fastest row of `planned` that shardkit runs (`Plan.runnable_best`)."""
+    return planned.runnable_best()
 
 
 def plan_rows(planned, top: int = 3) -> list[str]:
@@ -186,7 +153,7 @@ def build_trainer(cfg: TrainConfig, devices=None, *, planned=None):
     if isinstance(strategy, Auto):
         targets = list(jax.devices()[: cfg.devices] if devices is None else devices)
         planned = planned or auto_plan(cfg, model_cfg, targets)
-        strategy = runnable_best(planned).strategy()
+        strategy = planned.runnable_best().strategy()
     trainer = Trainer(
         lambda key: GPT(model_cfg, rngs=nnx.Rngs(key)),
         optax.adamw(schedule, weight_decay=cfg.weight_decay),

@@ -116,13 +116,26 @@ class Trainer:
         self.grad_accum, self.compute_dtype = grad_accum, compute_dtype
         # graphdef: the NNX model's structure (None for a pure-function model), merged with
         # parameters to rebuild the model inside the step
-        self.graphdef, self.abstract_params, self.logical = _abstract_model(model_fn)
+        model = _abstract_model(model_fn)
+        self.graphdef, self.abstract_params, self.logical = (
+            model.graphdef,
+            model.params,
+            model.logical,
+        )
         self.strategy_reason = ""
         strategy = Auto() if strategy is None else strategy
-        if isinstance(strategy, Auto):
-            n = mesh.size if mesh is not None else len(devices or jax.devices())
+        if isinstance(strategy, Auto):  # the planner chooses, as `shardkit train --strategy auto`
+            devs = list(devices or jax.devices())
+            if mesh is not None:
+                devs = list(getattr(mesh, "devices", np.array(devs)).flat)[: mesh.size]
             strategy, self.strategy_reason = strategy.choose(
-                self.abstract_params, n_devices=n, logical=self.logical, batch=batch_size
+                self.abstract_params,
+                n_devices=mesh.size if mesh is not None else len(devs),
+                logical=self.logical,
+                batch=batch_size,
+                workload=model.config,
+                precision=compute_dtype,
+                devices=devs,
             )
         self.strategy = strategy
         self.mesh = mesh if mesh is not None else strategy.make_mesh(devices, axis_types=axis_types)
@@ -495,7 +508,14 @@ def _params_of(model):
     return model
 
 
-def _abstract_model(model_fn):
+class _AbstractModel(NamedTuple):
+    graphdef: Any  # the NNX model's structure; None for a plain parameter pytree
+    params: Any  # ShapeDtypeStructs
+    logical: Any  # logical axis names per leaf, or None
+    config: Any  # the model's `cfg` when it is a GPTConfig-like value (for the planner)
+
+
+def _abstract_model(model_fn) -> _AbstractModel:
     found: dict = {}
 
     def build(key):
@@ -504,7 +524,10 @@ def _abstract_model(model_fn):
             graphdef, _, _ = nnx.split(model, nnx.Param, ...)
             found["graphdef"] = graphdef
             found["logical"] = logical_axes(model)
+            cfg = getattr(model, "cfg", None)
+            if hasattr(cfg, "n_layers") and hasattr(cfg, "d_model"):
+                found["config"] = cfg
         return _params_of(model)
 
     params = jax.eval_shape(build, jax.random.key(0))
-    return found.get("graphdef"), params, found.get("logical")
+    return _AbstractModel(found.get("graphdef"), params, found.get("logical"), found.get("config"))

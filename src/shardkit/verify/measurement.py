@@ -436,7 +436,7 @@ def measure_gpt(
             f"x grad_accum={grad_accum} ({divisor}) of mesh {axes}; fix: batch="
             f"{max(divisor, batch // divisor * divisor)}."
         )
-    abstract_batch = _abstract_batch(trainer, strategy, mesh, batch, model.seq_len)
+    abstract_batch = _abstract_batch(trainer, batch, model.seq_len)
     step = trainer.jit_step({k: v.sharding for k, v in abstract_batch.items()})
     zero_axis = "fsdp" if axes.get("fsdp", 1) > 1 else None
     counts = _pipeline_branch_counts(trainer.pipeline, axes) if trainer.pipeline else None
@@ -459,15 +459,15 @@ def measure_gpt(
     return m
 
 
-def _abstract_batch(trainer: Any, strategy: Any, mesh: Any, batch: int, seq_len: int) -> dict:
+def _abstract_batch(trainer: Any, batch: int, seq_len: int) -> dict:
     """The GPT's batch (inputs, targets, mask) as ShapeDtypeStructs laid out as the Trainer
     places it (micro-batches leading when there are several)."""
     micro = trainer.microbatches  # grad_accum, or the pipeline's micro-batches
     shape = (batch, seq_len) if micro == 1 else (micro, batch // micro, seq_len)
-    spec = strategy.batch_spec(mesh, 2)
+    spec = trainer.bound.batch_spec(2)
     if micro > 1:
         spec = P(None, *spec)
-    sharding = NamedSharding(mesh, spec)
+    sharding = NamedSharding(trainer.mesh, spec)
     dtypes = {"inputs": jnp.int32, "targets": jnp.int32, "mask": jnp.float32}
     return {k: jax.ShapeDtypeStruct(shape, d, sharding=sharding) for k, d in dtypes.items()}
 
