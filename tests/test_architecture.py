@@ -107,7 +107,9 @@ def test_no_module_imports_another_modules_private_name():
     assert private == []
 
 
-@pytest.mark.parametrize("module", ["shardkit.common", "shardkit.errors", "shardkit.compat"])
+@pytest.mark.parametrize(
+    "module", ["shardkit.common", "shardkit.errors", "shardkit.compat", "shardkit.placement"]
+)
 def test_the_bottom_modules_import_nothing_from_shardkit(module):
     mods = modules()
     assert [dst for src, dst, _, _ in imports(mods) if src == module] == []
@@ -164,8 +166,8 @@ def test_renamed_classes_keep_their_old_name_for_a_release(module, old, new):
 # application modules (the `shardkit` command, each `command` module and `shardkit train`'s
 # run) sit on top of everything.
 LAYERS = [
-    {"common", "errors", "compat", "cli_args"},
-    {"leaves", "mesh"},
+    {"common", "errors", "compat", "cli_args", "placement"},
+    {"leaves", "mesh", "collectives"},
     {"linter", "models", "pipeline", "fft", "linalg", "matmul", "distributed"},
     {"rules", "layout"},
     {"plan"},  # beside the others and pure: no JAX, no train, inspection or verify

@@ -23,6 +23,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from shardkit.collectives import FORMULAS, bytes_moved
 from shardkit.errors import ShardkitError
 from shardkit.inspection import groups as groups_mod
 from shardkit.inspection import hlo
@@ -84,14 +85,8 @@ def _upcast_source(module: hlo.HloModule, instr: hlo.Instruction) -> str | None:
 
 def _bytes(kind: str, operand_bytes: int, n: int) -> tuple[int, float]:
     """(buffer bytes the formula applies to, bytes each device sends per execution)."""
-    if kind == "all-gather":
-        buf = operand_bytes * n
-        return buf, buf * (n - 1) / n
-    if kind == "all-reduce":
-        return operand_bytes, 2 * operand_bytes * (n - 1) / n
-    if kind in ("reduce-scatter", "all-to-all"):
-        return operand_bytes, operand_bytes * (n - 1) / n
-    return operand_bytes, float(operand_bytes)
+    buf = operand_bytes * n if kind == "all-gather" else operand_bytes
+    return buf, bytes_moved(kind, buf, n) if kind in FORMULAS else float(operand_bytes)
 
 
 def collectives_of(

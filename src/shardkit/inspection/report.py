@@ -22,17 +22,9 @@ import html
 import json
 from typing import Any
 
+from shardkit.collectives import FORMULAS
 from shardkit.common import format_bytes
 from shardkit.inspection.hlo import SourceFrame
-
-FORMULAS = {
-    "all-gather": "(n-1)/n x gathered result bytes",
-    "reduce-scatter": "(n-1)/n x operand bytes",
-    "all-reduce": "2(n-1)/n x operand bytes",
-    "all-to-all": "(n-1)/n x operand bytes",
-    "collective-permute": "1 x operand bytes",
-    "collective-broadcast": "1 x operand bytes",
-}
 
 
 @dataclasses.dataclass(frozen=True)

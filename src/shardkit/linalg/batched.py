@@ -26,8 +26,9 @@ from jax.sharding import PartitionSpec as P
 
 from shardkit.errors import ShardkitValueError
 from shardkit.linalg import layout
-from shardkit.linalg.layout import constrain, n_devices
+from shardkit.linalg.layout import n_devices
 from shardkit.linalg.lu import SingularMatrixError
+from shardkit.placement import constrain
 
 __all__ = ["batched_solve"]
 

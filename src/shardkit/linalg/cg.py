@@ -37,7 +37,8 @@ from jax.sharding import PartitionSpec as P
 
 from shardkit.errors import ShardkitValueError
 from shardkit.linalg import layout
-from shardkit.linalg.layout import constrain, n_devices
+from shardkit.linalg.layout import n_devices
+from shardkit.placement import constrain
 
 __all__ = ["CGInfo", "cg"]
 

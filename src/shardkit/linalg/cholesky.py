@@ -37,11 +37,11 @@ from shardkit.linalg.layout import (
     DEFAULT_BLOCK_SIZE,
     check_block_size,
     check_matrix,
-    constrain,
     n_chunks,
     n_devices,
 )
 from shardkit.linalg.triangular import as_columns, tri_solve_local
+from shardkit.placement import constrain
 
 __all__ = ["CholeskyFactors", "NotPositiveDefiniteError", "cho_solve", "cholesky"]
 

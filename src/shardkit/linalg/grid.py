@@ -43,8 +43,9 @@ from jax import lax
 from jax.sharding import PartitionSpec as P
 
 from shardkit.linalg import layout
-from shardkit.linalg.layout import constrain, global_index, n_chunks
+from shardkit.linalg.layout import global_index, n_chunks
 from shardkit.linalg.layout2d import grid_multiple, rows_to_grid_local
+from shardkit.placement import constrain
 
 _STAGES = 4  # static shrinking windows of the step loop (as in the 1-D LU)
 _CHUNKS = 4  # column chunks of the trailing update (temporaries ~ shard / _CHUNKS)

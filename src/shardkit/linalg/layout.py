@@ -35,10 +35,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
-from jax.sharding import AxisType, Mesh, NamedSharding
+from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from shardkit.errors import ShardkitTypeError, ShardkitValueError
+from shardkit.placement import constrain
 
 __all__ = [
     "column_cyclic_order",
@@ -128,14 +129,6 @@ def column_cyclic_order(n: int, block_size: int, p: int) -> np.ndarray:
     nblk = n // block_size
     blocks = np.arange(nblk).reshape(nblk // p, p).T.reshape(-1)  # device-major
     return (blocks[:, None] * block_size + np.arange(block_size)).reshape(-1)
-
-
-def constrain(x: jax.Array, mesh: Mesh, spec: P) -> jax.Array:
-    """Places ``x`` as ``spec`` on ``mesh`` inside ``jit``, on Auto or Explicit axes."""
-    sharding = NamedSharding(mesh, spec)
-    if all(t == AxisType.Explicit for t in mesh.axis_types):
-        return jax.sharding.reshard(x, sharding)
-    return lax.with_sharding_constraint(x, sharding)
 
 
 def rows_to_cyclic_local(a: jax.Array, *, block_size: int, p: int, axes) -> jax.Array:

@@ -33,7 +33,7 @@ from jax.sharding import PartitionSpec as P
 
 from shardkit.errors import ShardkitValueError
 from shardkit.linalg import layout
-from shardkit.linalg.layout import constrain
+from shardkit.placement import constrain
 
 __all__ = ["block_cyclic_2d_orders", "from_block_cyclic_2d", "to_block_cyclic_2d"]
 

@@ -53,11 +53,11 @@ from shardkit.linalg.layout import (
     DEFAULT_BLOCK_SIZE,
     check_block_size,
     check_matrix,
-    constrain,
     n_chunks,
     n_devices,
 )
 from shardkit.linalg.layout2d import check_grid, grid_orders
+from shardkit.placement import constrain
 
 __all__ = ["LUFactors", "SingularMatrixError", "lu"]
 

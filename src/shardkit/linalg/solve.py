@@ -31,12 +31,12 @@ from shardkit.linalg.layout import (
     DEFAULT_BLOCK_SIZE,
     check_block_size,
     check_matrix,
-    constrain,
     n_devices,
 )
 from shardkit.linalg.layout2d import check_grid
 from shardkit.linalg.lu import LUFactors, SingularMatrixError, lu_local
 from shardkit.linalg.triangular import as_columns, tri_solve_local
+from shardkit.placement import constrain
 
 __all__ = ["lu_solve", "solve"]
 

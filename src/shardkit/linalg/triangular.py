@@ -39,10 +39,10 @@ from shardkit.linalg import layout
 from shardkit.linalg.layout import (
     check_block_size,
     check_matrix,
-    constrain,
     n_devices,
     zeros_varying,
 )
+from shardkit.placement import constrain
 
 __all__ = ["triangular_solve"]
 

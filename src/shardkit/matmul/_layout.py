@@ -17,6 +17,7 @@ import jax.numpy as jnp
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from shardkit.collectives import bytes_moved
 from shardkit.errors import ShardkitError
 
 Spec = tuple[str | None, str | None]
@@ -261,29 +262,14 @@ def pspec(spec: Sequence[str | None]) -> P:
     return P(*spec)
 
 
-def constrain(x: jax.Array, mesh: Mesh, spec: Sequence[str | None]) -> jax.Array:
-    """Sharding constraint inside jit that works on Auto and Explicit meshes."""
-    sharding = NamedSharding(mesh, pspec(spec))
-    if all(t == AxisType.Explicit for t in mesh.axis_types):
-        return jax.sharding.reshard(x, sharding)
-    return jax.lax.with_sharding_constraint(x, sharding)
-
-
 def ring_bytes(kind: str, local: int, p: int) -> int:
     """Bytes one device receives in a ring collective over p devices.
 
     ``local`` is the per-device input for all-gather (output p times larger) and the
     per-device input for all-reduce / reduce-scatter (the full partial sum).
     """
-    if p == 1:
-        return 0
-    if kind == "all-gather":
-        return local * (p - 1)
-    if kind == "reduce-scatter":
-        return local * (p - 1) // p
-    if kind == "all-reduce":
-        return 2 * local * (p - 1) // p
-    raise AssertionError(kind)
+    full = local * p if kind == "all-gather" else local
+    return int(bytes_moved(kind, full, p))  # the shared formulas (shardkit.collectives)
 
 
 def lcm(a: int, b: int) -> int:

@@ -31,31 +31,9 @@ import dataclasses
 import math
 from typing import Any
 
+from shardkit.collectives import KINDS, bytes_moved
 from shardkit.errors import ShardkitValueError
 from shardkit.plan.hardware import Hardware
-
-KINDS = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute")
-
-
-def bytes_moved(kind: str, nbytes: float, size: int) -> float:
-    """Bytes each device sends for one collective over `size` devices on a V = `nbytes` array.
-
-    Same formulas as `shardkit.inspection.FORMULAS` (gathered result for an all-gather, full
-    operand for the reductions, the sent buffer for a permute).
-
-    Raises:
-        ValueError: for an unknown kind.
-    """
-    n = size
-    if kind == "collective-permute":
-        return float(nbytes) if n > 1 else 0.0
-    if n <= 1:
-        return 0.0
-    if kind in ("all-gather", "reduce-scatter", "all-to-all"):
-        return nbytes * (n - 1) / n
-    if kind == "all-reduce":
-        return 2 * nbytes * (n - 1) / n
-    raise ShardkitValueError(f"unknown collective {kind!r}; fix: one of {KINDS}.")
 
 
 def split_domains(hw: Hardware, size: int, inner: int = 1) -> tuple[int, int]:

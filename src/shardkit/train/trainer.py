@@ -31,6 +31,7 @@ from jax.sharding import PartitionSpec as P
 
 from shardkit.errors import ShardkitError, ShardkitValueError
 from shardkit.models.common import logical_axes
+from shardkit.placement import constrain_tree
 from shardkit.strategies import Auto, Strategy
 from shardkit.strategies.core import drop_axis
 from shardkit.train.pipelined import pipeline_loss_and_grads, pipeline_of
@@ -337,14 +338,7 @@ class Trainer:
 
     # -- step -----------------------------------------------------------------------------
     def _constrain(self, tree, specs):
-        if self.explicit:
-            return jax.tree.map(
-                lambda x, s: jax.sharding.reshard(x, NamedSharding(self.mesh, s)),
-                tree,
-                specs,
-                is_leaf=lambda x: isinstance(x, P),
-            )
-        return jax.lax.with_sharding_constraint(tree, self._named(specs))
+        return constrain_tree(tree, self.mesh, specs)
 
     def _loss(self, params, batch):
         dtype = _DTYPES[self.compute_dtype]

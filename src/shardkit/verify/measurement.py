@@ -52,6 +52,7 @@ from flax import nnx
 from jax.sharding import AbstractMesh, AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from shardkit.collectives import bytes_moved
 from shardkit.errors import ShardkitValueError
 from shardkit.inspection import inspect
 from shardkit.inspection.audit import collectives_of
@@ -252,8 +253,8 @@ def normalise(
         if c.kind == "all-reduce" and zero_axis in axes and backward and c.group_size > 1:
             z = report.mesh.get(zero_axis, 1)
             rest = c.group_size // z
-            add("reduce-scatter", count, count * buf * (z - 1) / z, 0.0)
-            ar = count * 2 * (buf / z) * (rest - 1) / rest
+            add("reduce-scatter", count, count * bytes_moved("reduce-scatter", buf, z), 0.0)
+            ar = count * bytes_moved("all-reduce", buf / z, rest)
             add("all-reduce", count if rest > 1 else 0, ar, c.total_bytes)
             split += 1
             continue

@@ -1,0 +1,50 @@
+"""The bytes a collective moves per device: one formula for the planner and the audit.
+
+Ring formulas over a group of n devices, per device and per execution: an all-gather moves
+(n-1)/n of the gathered result, a reduce-scatter or all-to-all (n-1)/n of its operand, an
+all-reduce 2(n-1)/n of its operand (a reduce-scatter and an all-gather), a collective-permute
+or collective-broadcast its whole operand. The planner predicts with them
+(`shardkit.plan.comm`) and the audit measures compiled programs with them
+(`shardkit.inspection`), so predictions and programs compare in one unit.
+"""
+
+from __future__ import annotations
+
+from shardkit.errors import ShardkitValueError
+
+__all__ = ["FORMULAS", "KINDS", "bytes_moved"]
+
+FORMULAS = {
+    "all-gather": "(n-1)/n x gathered result bytes",
+    "reduce-scatter": "(n-1)/n x operand bytes",
+    "all-reduce": "2(n-1)/n x operand bytes",
+    "all-to-all": "(n-1)/n x operand bytes",
+    "collective-permute": "1 x operand bytes",
+    "collective-broadcast": "1 x operand bytes",
+}
+KINDS = tuple(FORMULAS)
+
+
+def bytes_moved(kind: str, nbytes: float, size: int) -> float:
+    """Bytes each device sends for one `kind` collective over `size` devices.
+
+    Args:
+        kind: one of `KINDS`.
+        nbytes: the gathered result for an all-gather, the operand otherwise.
+        size: devices in the group (a permute moves its operand whenever it runs).
+
+    Raises:
+        ValueError: for an unknown kind.
+
+    Example:
+        >>> bytes_moved("all-reduce", 1000, 4), bytes_moved("all-gather", 1000, 4)
+        (1500.0, 750.0)
+    """
+    if kind not in FORMULAS:
+        raise ShardkitValueError(f"unknown collective {kind!r}; fix: one of {KINDS}.")
+    if kind in ("collective-permute", "collective-broadcast"):
+        return float(nbytes)
+    if size <= 1:
+        return 0.0
+    share = nbytes * (size - 1) / size
+    return 2 * share if kind == "all-reduce" else share
