@@ -6,7 +6,7 @@ from flax import nnx
 from jax.sharding import PartitionSpec as P
 
 from shardkit.models import GPT, GPTConfig, logical_axes
-from shardkit.plan import DoesNotFitError, Transformer, get_hardware, plan
+from shardkit.plan import DoesNotFitError, Transformer, evaluate, get_hardware, plan
 from shardkit.strategies import (
     FSDP,
     Auto,
@@ -200,3 +200,34 @@ def test_hybrid_with_shardkit_rules_for_any_pytree():
     assert z1.opt_state_specs(tree, mesh)["enc"]["w"] == P("fsdp", "tensor")
     with pytest.raises(ValueError, match="enc/w"):  # the foundation's unmatched-leaf error
         Hybrid(fsdp=4, tensor=2, rules=Rules([(r"^b$", P())])).param_specs(tree, mesh)
+
+
+def test_bind_resolves_a_strategy_against_a_mesh_once(gpt):
+    import dataclasses
+
+    from shardkit.strategies import BoundStrategy, Pipeline, Strategy
+
+    params, logical = gpt
+    s = Hybrid(fsdp=4, tensor=2)
+    mesh = s.make_mesh()
+    b = s.bind(mesh)
+    assert isinstance(b, BoundStrategy) and isinstance(s, Strategy)
+    assert dict(b.axis_sizes) == {"fsdp": 4, "tensor": 2} and b.size("data") == 1
+    assert b.batch_axes == ("fsdp",) and b.batch_split == 4 and b.stages == 1
+    assert b.batch_spec(3) == P("fsdp", None, None)
+    assert b.param_specs(params, logical=logical) == s.param_specs(params, mesh, logical=logical)
+    assert b.expected == s.expected_collectives(mesh) and b.description == s.describe(mesh)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        b.mesh = None
+    with pytest.raises(TypeError):
+        b.axis_sizes["fsdp"] = 8  # read-only
+    # the planner reads the same degrees
+    w = Transformer.from_gpt_config(CFG, batch=16)
+    c = evaluate(w, "cpu", **b.layout())
+    assert c.mesh_axes == s.mesh_axes(8) and c.strategy() == Hybrid(fsdp=4, tensor=2, zero=3)
+    # a pipeline is checked against the mesh's 'stage' axis when bound
+    piped = Hybrid(data=2, pipeline=Pipeline(stages=4, microbatches=4))
+    pb = piped.bind(piped.make_mesh())
+    assert pb.stages == 4 and pb.layout()["microbatches"] == 4
+    with pytest.raises(ValueError, match=r"Pipeline\(stages=4\) but the mesh .* no 'stage' axis"):
+        piped.bind(DataParallel().make_mesh())
