@@ -18,7 +18,8 @@ import dataclasses
 import inspect as _pyinspect
 from typing import Any
 
-from jax.sharding import PartitionSpec
+import jax
+from jax.sharding import NamedSharding, PartitionSpec
 
 from shardkit.common import path_str
 from shardkit.inspection.compiling import compile_for
@@ -48,7 +49,6 @@ def _notation(name: str, shape: tuple[int, ...], spec: Any) -> str:
 
 def _spec_of(sharding: Any, ndim: int) -> tuple | None:
     """The PartitionSpec of a sharding as a normalised tuple (None = not a mesh sharding)."""
-    from jax.sharding import NamedSharding
 
     if isinstance(sharding, NamedSharding):
         spec = tuple(sharding.spec) + (None,) * (ndim - len(sharding.spec))
@@ -143,70 +143,54 @@ def layout_of(
     Returns:
         A `CompiledLayout`.
     """
-    import jax
 
     in_shardings, _ = compiled.input_shardings
     args_info, _ = compiled.args_info
-    out_shardings = compiled.output_shardings
-    out_info = compiled.out_info
-    req_in = (
-        jax.tree.leaves(requested_in, is_leaf=lambda x: x is None)
-        if requested_in is not None
-        else None
-    )
     inputs = []
-    flat_info = jax.tree_util.tree_flatten_with_path(args_info)[0]
-    flat_sh = jax.tree.leaves(in_shardings)
-    for k, ((path, info), sh) in enumerate(zip(flat_info, flat_sh, strict=False)):
+    flat_in = jax.tree_util.tree_flatten_with_path(args_info)[0]
+    req_in = _leaves_or_none(requested_in)
+    for k, ((path, info), sh) in enumerate(
+        zip(flat_in, jax.tree.leaves(in_shardings), strict=False)
+    ):
         i = path[0].idx if path and hasattr(path[0], "idx") else 0
         prefix = arg_names[i] if arg_names and i < len(arg_names) else f"args[{i}]"
         name = _path_str(prefix, path[1:])
-        shape = tuple(info.shape)
         leaf = name.rsplit("/", 1)[-1]
-        comp = _spec_of(sh, len(shape))
-        req = req_in[k] if req_in is not None and k < len(req_in) else None
-        rspec = _spec_of(req, len(shape)) if req is not None else None
-        inputs.append(
-            LayoutEntry(
-                side="input",
-                path=name,
-                shape=shape,
-                dtype=str(info.dtype),
-                requested=None if rspec is None else _notation(leaf, shape, rspec),
-                compiled=_notation(leaf, shape, comp) if comp is not None else str(sh),
-            )
-        )
+        inputs.append(_entry("input", name, leaf, info, sh, _nth(req_in, k)))
     outputs = []
-    flat_out = jax.tree_util.tree_flatten_with_path(out_info)[0]
-    flat_osh = jax.tree.leaves(out_shardings)
-    req_out = (
-        jax.tree.leaves(requested_out, is_leaf=lambda x: x is None)
-        if requested_out is not None
-        else None
-    )
-    for k, ((path, info), sh) in enumerate(zip(flat_out, flat_osh, strict=False)):
-        name = _path_str("out", path)
-        shape = tuple(info.shape)
-        comp = _spec_of(sh, len(shape))
-        req = req_out[k] if req_out is not None and k < len(req_out) else None
-        rspec = _spec_of(req, len(shape)) if req is not None else None
-        outputs.append(
-            LayoutEntry(
-                side="output",
-                path=name,
-                shape=shape,
-                dtype=str(info.dtype),
-                requested=None if rspec is None else _notation("out", shape, rspec),
-                compiled=_notation("out", shape, comp) if comp is not None else str(sh),
-            )
-        )
+    flat_out = jax.tree_util.tree_flatten_with_path(compiled.out_info)[0]
+    req_out = _leaves_or_none(requested_out)
+    out_sh = jax.tree.leaves(compiled.output_shardings)
+    for k, ((path, info), sh) in enumerate(zip(flat_out, out_sh, strict=False)):
+        outputs.append(_entry("output", _path_str("out", path), "out", info, sh, _nth(req_out, k)))
     return CompiledLayout(tuple(inputs), tuple(outputs))
+
+
+def _leaves_or_none(tree: Any) -> list | None:
+    return None if tree is None else jax.tree.leaves(tree, is_leaf=lambda x: x is None)
+
+
+def _nth(items: list | None, k: int) -> Any:
+    return items[k] if items is not None and k < len(items) else None
+
+
+def _entry(side: str, path: str, leaf: str, info: Any, sh: Any, req: Any) -> LayoutEntry:
+    """One row: the compiled sharding `sh` and the requested `req` of a leaf, in notation."""
+    shape = tuple(info.shape)
+    comp = _spec_of(sh, len(shape))
+    rspec = _spec_of(req, len(shape)) if req is not None else None
+    return LayoutEntry(
+        side=side,
+        path=path,
+        shape=shape,
+        dtype=str(info.dtype),
+        requested=None if rspec is None else _notation(leaf, shape, rspec),
+        compiled=_notation(leaf, shape, comp) if comp is not None else str(sh),
+    )
 
 
 def requested_shardings(args: tuple) -> Any:
     """The shardings the arguments ask for: a `NamedSharding` per placed leaf, else None."""
-    import jax
-    from jax.sharding import NamedSharding
 
     def req(x):
         sh = getattr(x, "sharding", None)
