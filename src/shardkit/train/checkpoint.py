@@ -9,23 +9,68 @@ it when complete, so a crash mid-save never leaves a step that loads; leftovers 
 With several processes (`shardkit.distributed`) every process calls `save` and `restore`:
 each writes and reads only the shards of its own devices into one shared directory, so a
 checkpoint written by 2 processes restores in 1 or 4, onto another mesh and strategy.
+
+Nothing is restored unchecked and nothing good is thrown away:
+
+* every save records a digest of each array (`shardkit.train.integrity`, independent of the
+  sharding); `restore` recomputes them on the restored arrays, so a flipped byte, a truncated
+  or missing data file or garbled metadata is caught. Without an explicit step, restore falls
+  back to the newest checkpoint that passes, and moves each failing one aside into the sibling
+  folder `<directory>.rejected/` (never deleted), with a `CheckpointRejectedWarning` naming it;
+* a state holding NaN or Inf is never saved (`NonFiniteStateError`), so rotation (`max_to_keep`
+  >= 1) only ever drops older finite checkpoints and the newest finite one is always kept;
+* directories are `etils.epath` paths, so "gs://bucket/run" and "s3://..." reach the bucket
+  (with the matching filesystem package installed) and local paths stay local.
 """
 
 from __future__ import annotations
 
 import math
 import pathlib
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
 import jax
+import orbax.checkpoint as ocp
+from etils import epath
+from jax.experimental import multihost_utils
 
+from shardkit.common import path_str
 from shardkit.errors import ShardkitError, ShardkitValueError
+from shardkit.train.integrity import fingerprint
 from shardkit.train.trainer import TrainState
+
+_FORMAT = 1  # the layout of shardkit's entry in a checkpoint's metadata
 
 
 class CheckpointMismatchError(ShardkitError, ValueError):
     """A checkpoint whose tree structure or shapes differ from the target state."""
+
+
+class CheckpointCorruptError(ShardkitError, ValueError):
+    """A checkpoint that cannot be read or whose arrays fail their recorded digests."""
+
+
+class NonFiniteStateError(ShardkitError, ValueError):
+    """A training state with NaN or Inf values, which is never saved as a checkpoint."""
+
+
+class CheckpointRejectedWarning(UserWarning):
+    """A checkpoint failed its check on restore and was moved aside; an older one is used."""
+
+
+def checkpoint_path(directory: str | pathlib.Path | epath.Path) -> epath.Path:
+    """The checkpoint directory as an `etils.epath.Path`: "gs://", "s3://" or local (absolute).
+
+    Example:
+        >>> str(checkpoint_path("gs://bucket/run"))
+        'gs://bucket/run'
+    """
+    text = str(directory)
+    if "://" in text:
+        return epath.Path(text)
+    return epath.Path(pathlib.Path(text).absolute())
 
 
 class Checkpointer:
@@ -48,18 +93,21 @@ class Checkpointer:
 
     def __init__(
         self,
-        directory: str | pathlib.Path,
+        directory: str | pathlib.Path | epath.Path,
         *,
         save_every: int = 100,
         max_to_keep: int | None = 3,
         async_save: bool = True,
     ):
-        import orbax.checkpoint as ocp
-
         if save_every < 1:
             raise ShardkitValueError(f"save_every={save_every} must be >= 1; fix: save_every=100.")
-        self.directory = pathlib.Path(directory).absolute()
-        self._ocp = ocp
+        if max_to_keep is not None and (not isinstance(max_to_keep, int) or max_to_keep < 1):
+            raise ShardkitValueError(
+                f"max_to_keep={max_to_keep!r} would delete every checkpoint, including the one "
+                "being resumed from; fix: max_to_keep=1 or more (--keep 3), or None to keep all."
+            )
+        self.directory = checkpoint_path(directory)
+        self.rejected: list[tuple[int, str, str]] = []  # (step, why, where it was moved)
         options = ocp.CheckpointManagerOptions(
             save_interval_steps=save_every,
             max_to_keep=max_to_keep,
@@ -83,39 +131,142 @@ class Checkpointer:
         return list(self.manager.all_steps())
 
     def save(self, state: TrainState, *, meta: Mapping[str, Any] | None = None, force=False):
-        """Saves `state` if its step is due (or `force`); returns True when a save started."""
+        """Saves `state` if its step is due (or `force`); returns True when a save started.
+
+        The metadata gets a digest of every array, checked by `restore`.
+
+        Raises:
+            NonFiniteStateError: when the state holds NaN or Inf (nothing is written, so the
+                newest finite checkpoint stays the newest).
+        """
         step = int(jax.device_get(state.step))
-        args = self._ocp.args.Composite(
-            state=self._ocp.args.StandardSave(_as_dict(state)),
-            meta=self._ocp.args.JsonSave(dict(meta or {})),
+        if not (force or self.manager.should_save(step)):
+            return False
+        digests, bad = fingerprint(_as_dict(state))
+        if bad:
+            raise NonFiniteStateError(
+                f"step {step}: {len(bad)} arrays hold NaN or Inf ({', '.join(bad[:3])}), so no "
+                f"checkpoint was written; the newest finite one is step {self.latest_step()} in "
+                f"{self.directory}; fix: resume from it with a lower learning rate."
+            )
+        entry = {"format": _FORMAT, "step": step, "digests": digests}
+        args = ocp.args.Composite(
+            state=ocp.args.StandardSave(_as_dict(state)),
+            meta=ocp.args.JsonSave({**dict(meta or {}), "shardkit": entry}),
         )
         return bool(self.manager.save(step, args=args, force=force))
 
     def meta(self, step: int | None = None) -> dict:
-        """The JSON metadata saved with a checkpoint."""
-        step = self._step(step)
-        out = self.manager.restore(
-            step, args=self._ocp.args.Composite(meta=self._ocp.args.JsonRestore())
-        )
+        """The JSON metadata saved with a checkpoint (as given to `save`)."""
+        meta = self._raw_meta(self._step(step))
+        meta.pop("shardkit", None)
+        return meta
+
+    def _raw_meta(self, step: int) -> dict:
+        out = self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
         return dict(out["meta"] or {})
 
     def restore(self, trainer: Any, step: int | None = None) -> TrainState:
-        """Restores a checkpoint into `trainer`'s layouts (any mesh, any strategy).
+        """Restores a checkpoint into `trainer`'s layouts (any mesh, any strategy), checked.
+
+        Every array is compared with the digest recorded when it was saved. Without `step`,
+        the newest checkpoint that passes is restored: each newer one that fails is moved
+        aside into `<directory>.rejected/` (kept, never deleted), listed in `self.rejected`
+        and announced with a `CheckpointRejectedWarning`.
 
         Args:
             trainer: the target `Trainer`; its abstract state gives shapes and shardings.
-            step: which checkpoint (default the latest).
+            step: which checkpoint (default: the newest that passes its check).
 
         Raises:
             FileNotFoundError: if there is no checkpoint.
             CheckpointMismatchError: if the saved tree or shapes differ from the trainer's.
+            CheckpointCorruptError: if `step` (or, without it, every checkpoint) fails.
         """
-        step = self._step(step)
+        if step is not None:
+            return self._restore_checked(self._step(step), trainer)
+        self._step(None)  # raises FileNotFoundError when there is none
+        for candidate in sorted(self.all_steps(), reverse=True):
+            try:
+                return self._restore_checked(candidate, trainer)
+            except CheckpointCorruptError as e:
+                self._reject(candidate, str(e))
+        raise CheckpointCorruptError(
+            f"no checkpoint in {self.directory} passes its check; the failing ones are in "
+            f"{self._rejected_dir()}: "
+            + "; ".join(f"step {s}: {why}" for s, why, _ in self.rejected)
+            + "; fix: start a new run (--overwrite), or restore one by hand from there."
+        )
+
+    def _restore_checked(self, step: int, trainer: Any) -> TrainState:
         target = _as_dict(trainer.abstract_state)
         self._check(step, target)
-        args = self._ocp.args.Composite(state=self._ocp.args.StandardRestore(target))
-        out = self.manager.restore(step, args=args)["state"]
+        entry = self._shardkit_entry(step)
+        args = ocp.args.Composite(state=ocp.args.StandardRestore(target))
+        try:
+            out = self.manager.restore(step, args=args)["state"]
+        except Exception as e:  # noqa: BLE001 - orbax and tensorstore raise many kinds
+            raise CheckpointCorruptError(
+                f"checkpoint step {step} in {self.directory} cannot be read "
+                f"({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''})"
+            ) from e
+        digests, bad = fingerprint(out)
+        saved = (entry or {}).get("digests")
+        if saved is not None:
+            wrong = sorted(p for p in saved if digests.get(p) != saved[p])
+            if wrong:
+                raise CheckpointCorruptError(
+                    f"checkpoint step {step} in {self.directory}: {len(wrong)} arrays differ from "
+                    f"the digests recorded when it was saved ({', '.join(wrong[:3])})"
+                )
+        if bad:
+            raise CheckpointCorruptError(
+                f"checkpoint step {step} in {self.directory} holds NaN or Inf in "
+                f"{', '.join(bad[:3])}"
+            )
         return TrainState(out["step"], out["params"], out["opt_state"])
+
+    def _shardkit_entry(self, step: int) -> dict | None:
+        """shardkit's metadata entry of `step` (None for checkpoints written before digests)."""
+        try:
+            meta = self._raw_meta(step)
+        except Exception as e:  # noqa: BLE001 - a garbled or missing JSON file
+            raise CheckpointCorruptError(
+                f"checkpoint step {step} in {self.directory}: its metadata "
+                f"{self.directory / str(step) / 'meta'} cannot be read ({type(e).__name__})"
+            ) from e
+        entry = meta.get("shardkit")
+        if entry is None:
+            warnings.warn(
+                f"checkpoint step {step} in {self.directory} has no digests (written by an "
+                "earlier shardkit): restored without a content check.",
+                CheckpointRejectedWarning,
+                stacklevel=4,
+            )
+        return entry
+
+    def _rejected_dir(self) -> epath.Path:
+        return self.directory.parent / f"{self.directory.name}.rejected"
+
+    def _reject(self, step: int, why: str) -> None:
+        """Moves a failing checkpoint aside (process 0 moves, every process waits)."""
+        dest = self._rejected_dir() / str(step)
+        if jax.process_index() == 0:
+            self._rejected_dir().mkdir(parents=True, exist_ok=True)
+            n = 1
+            while dest.exists():
+                n += 1
+                dest = self._rejected_dir() / f"{step}-{n}"
+            (self.directory / str(step)).rename(dest)
+        if jax.process_count() > 1:
+            multihost_utils.sync_global_devices(f"shardkit: checkpoint {step} moved aside")
+        self.manager.reload()
+        self.rejected.append((step, why, str(dest)))
+        warnings.warn(
+            f"{why}; moved it to {dest} and fell back to an older checkpoint.",
+            CheckpointRejectedWarning,
+            stacklevel=3,
+        )
 
     def wait(self) -> None:
         """Blocks until pending asynchronous saves are on disk."""
@@ -136,7 +287,17 @@ class Checkpointer:
         return step
 
     def _check(self, step: int, target: dict) -> None:
-        saved = self.manager.item_metadata(step)["state"]
+        try:
+            saved = self.manager.item_metadata(step)["state"]
+        except Exception as e:  # noqa: BLE001 - a garbled or missing metadata file
+            raise CheckpointCorruptError(
+                f"checkpoint step {step} in {self.directory}: its array metadata cannot be "
+                f"read ({type(e).__name__})"
+            ) from e
+        if saved is None:
+            raise CheckpointCorruptError(
+                f"checkpoint step {step} in {self.directory} has no state/ item"
+            )
         want = _shapes(target)
         have = _shapes(saved)
         missing = sorted(set(want) - set(have))
@@ -165,14 +326,8 @@ def _shapes(tree) -> dict[str, tuple]:
     )[0]
     out = {}
     for path, leaf in flat:
-        key = "/".join(
-            str(getattr(k, "key", getattr(k, "idx", getattr(k, "name", k)))) for k in path
-        )
         shape = getattr(leaf, "shape", None)
-        if shape is not None:
-            out[key] = tuple(shape)
-        else:
-            out[key] = ()
+        out[path_str(path)] = tuple(shape) if shape is not None else ()
     return out
 
 
