@@ -9,6 +9,7 @@ imports JAX when it runs. ``inspect`` and ``train`` live with their packages
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import os
 import sys
@@ -135,6 +136,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         version=version_line(),
         help="shardkit, jax and jaxlib versions",
     )
+    parser.add_argument(
+        "--debug", action="store_true", help="show the traceback of an error (one line without)"
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     p = sub.add_parser("devices", help="list devices, processes and memory")
@@ -180,6 +184,8 @@ def _unavailable(name: str):
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if "--debug" in argv[1:]:  # also after the command: shardkit train --debug
+        argv = ["--debug", *(a for a in argv if a != "--debug")]
     command = next((a for a in argv if not a.startswith("-")), None)
     parser = build_parser(command)
     args = parser.parse_args(argv)
@@ -188,9 +194,36 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     try:
         return int(args.func(args) or 0)
-    except (ShardkitError, ValueError, TypeError, RuntimeError) as e:
-        print(f"shardkit {args.command}: error: {e}", file=sys.stderr)
-        return 2
+    except KeyboardInterrupt as e:  # a run stopped by SIGINT/SIGTERM after saving (or Ctrl-C)
+        if args.debug:
+            raise
+        print(f"shardkit {args.command}: {e or 'interrupted'}", file=sys.stderr)
+        return getattr(e, "exit_code", 130)
+    except (ShardkitError, ValueError, TypeError, RuntimeError, OSError) as e:
+        if args.debug:
+            raise
+        print(f"shardkit {args.command}: error: {_one_line(e)}", file=sys.stderr)
+        return getattr(e, "exit_code", 2)
+
+
+_OS_FIXES = {
+    errno.ENOSPC: "free space, or point --out / --checkpoint-dir at a disk with room",
+    errno.EDQUOT: "free space, or point --out / --checkpoint-dir at a disk with room",
+    errno.EROFS: "choose a writable --out / --checkpoint-dir",
+    errno.EACCES: "choose a writable --out / --checkpoint-dir, or fix its permissions",
+    errno.EPERM: "choose a writable --out / --checkpoint-dir, or fix its permissions",
+    errno.ENOTDIR: "a part of the path is a file; choose another --out / --checkpoint-dir",
+    errno.ENOENT: "check the path",
+}
+
+
+def _one_line(e: BaseException) -> str:
+    """The error in one line; an operating-system error with the fix for its cause."""
+    if isinstance(e, OSError) and not isinstance(e, ShardkitError):
+        where = f" {e.filename}" if e.filename else ""
+        fix = _OS_FIXES.get(e.errno or 0, "check the path and the disk")
+        return f"{e.strerror or e}{':' if where else ''}{where}; fix: {fix} (--debug: traceback)."
+    return str(e)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -103,6 +103,15 @@ class _Base:
                 f"with 'stage': {stages}, e.g. shardkit.make_mesh({{'stage': {stages}, "
                 f"'data': {n}}})."
             )
+        wanted = [a for a in ("data", "fsdp", "tensor") if getattr(self, a, 1) != 1]
+        missing = [a for a in wanted if a not in sizes]
+        if missing and math.prod(sizes.values()) > 1:
+            raise ShardkitValueError(
+                f"{self!r} splits over mesh axis {' and '.join(map(repr, missing))}, which the "
+                f"mesh {sizes} lacks: its arrays would be silently replicated; fix: build the "
+                f"mesh with the strategy (strategy.make_mesh()), or name the mesh axes "
+                f"{', '.join(map(repr, wanted))}."
+            )
         return BoundStrategy.of(self, mesh)
 
     # -- layouts --------------------------------------------------------------------------

@@ -42,7 +42,8 @@ _FLAGS = [
     ("--out", "out", str, "output folder for the report (default shardkit-train)"),
     ("--checkpoint-dir", "checkpoint_dir", str, "checkpoint folder (default <out>/checkpoints)"),
     ("--save-every", "save_every", int, "checkpoint every N steps (default 100)"),
-    ("--keep", "keep", int, "checkpoints to keep (default 3)"),
+    ("--keep", "keep", int, "checkpoints to keep, at least 1 (default 3)"),
+    ("--on-nonfinite", "on_nonfinite", str, "NaN/Inf loss or gradients: stop (default) or skip"),
     ("--log-every", "log_every", int, "metrics every N steps (default 10)"),
 ]
 
@@ -66,6 +67,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--resume", dest="resume", action="store_true", default=None,
         help="continue from the latest checkpoint in the checkpoint folder",
     )  # fmt: skip
+    parser.add_argument(
+        "--overwrite", dest="overwrite", action="store_true", default=None,
+        help="replace the checkpoints another run left in the checkpoint folder",
+    )  # fmt: skip
     parser.add_argument("--no-report", dest="report", action="store_false", default=None)
     parser.add_argument("--quiet", action="store_true", help="print only the final line")
     parser.add_argument(
@@ -78,6 +83,7 @@ def config_from_args(args: argparse.Namespace):
     """The `TrainConfig` for parsed flags (TOML file first, then flags)."""
     overrides = {key: getattr(args, key, None) for _, key, _, _ in _FLAGS}
     overrides["resume"] = getattr(args, "resume", None)
+    overrides["overwrite"] = getattr(args, "overwrite", None)
     overrides["report"] = getattr(args, "report", None)
     if getattr(args, "mesh", None):
         overrides["mesh"] = parse_mesh_arg(args.mesh)
@@ -94,6 +100,7 @@ def _argv(args: argparse.Namespace) -> list[str]:
         if getattr(args, key, None) is not None:
             out += [flag, str(getattr(args, key))]
     out += ["--resume"] * bool(getattr(args, "resume", None))
+    out += ["--overwrite"] * bool(getattr(args, "overwrite", None))
     out += ["--no-report"] * (getattr(args, "report", None) is False)
     out += ["--quiet"] * bool(getattr(args, "quiet", False))
     return out

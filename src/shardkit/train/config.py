@@ -16,6 +16,7 @@ Example TOML (all keys optional):
 from __future__ import annotations
 
 import dataclasses
+import math
 import pathlib
 import tomllib
 from collections.abc import Mapping
@@ -69,6 +70,8 @@ class TrainConfig:
     save_every: int = 100
     keep: int = 3
     resume: bool = False  # continue from the latest checkpoint in checkpoint_dir
+    overwrite: bool = False  # replace another run's checkpoints in checkpoint_dir
+    on_nonfinite: str = "stop"  # NaN/Inf loss or gradient norm: "stop" or "skip" the update
     log_every: int = 10
     eval_batches: int = 4
     report: bool = True
@@ -84,6 +87,24 @@ class TrainConfig:
                 raise ShardkitValueError(
                     f"{name}={getattr(self, name)} must be >= 1; fix: {name}=1."
                 )
+        if self.keep < 1:
+            raise ShardkitValueError(
+                f"keep={self.keep} would delete every checkpoint, including the one being "
+                "resumed from; fix: --keep 1 or more (default 3)."
+            )
+        if not math.isfinite(self.lr) or self.lr <= 0:
+            raise ShardkitValueError(
+                f"lr={self.lr} is not a positive finite learning rate; fix: --lr 3e-3."
+            )
+        if self.on_nonfinite not in ("stop", "skip"):
+            raise ShardkitValueError(
+                f"on_nonfinite={self.on_nonfinite!r} is not 'stop' or 'skip'; fix: "
+                "--on-nonfinite stop (default) or --on-nonfinite skip."
+            )
+        if self.resume and self.overwrite:
+            raise ShardkitValueError(
+                "--resume continues the checkpoints that --overwrite would delete; fix: pass one."
+            )
         if self.microbatches is not None and self.microbatches < 1:
             raise ShardkitValueError(
                 f"microbatches={self.microbatches} must be >= 1; fix: --microbatches 8."

@@ -77,6 +77,22 @@ class ReverseTask:
         return {"inputs": seq[:, :-1], "targets": seq[:, 1:], "mask": mask}
 
 
+def _check_ids(path: str, tokens: np.ndarray) -> None:
+    """Token ids must be a 1-D integer array of ids in [0, 2^31): anything else would train
+    on garbage (floats truncated, negative ids wrapped) and report success."""
+    if tokens.ndim != 1 or not np.issubdtype(tokens.dtype, np.integer):
+        raise ShardkitValueError(
+            f"token file {path!r} holds a {tokens.dtype} array of shape {tokens.shape}, not a "
+            "1-D array of integer token ids; fix: np.save(path, ids.astype(np.int32).ravel())."
+        )
+    lo, hi = int(tokens.min()), int(tokens.max())
+    if lo < 0 or hi >= 2**31:
+        raise ShardkitValueError(
+            f"token file {path!r} holds ids from {lo} to {hi}; ids must be in [0, 2^31) (the "
+            "vocabulary is the largest id + 1); fix: map the ids to 0..vocab-1 before saving."
+        )
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class TokenFile:
     """Random windows from a token file: `.npy` (integer array) or any other file as bytes.
@@ -87,7 +103,8 @@ class TokenFile:
         seed: batch `step` depends only on (seed, step).
 
     Raises:
-        ValueError: if the file holds fewer than seq_len + 1 tokens.
+        ValueError: if the file holds fewer than seq_len + 1 tokens, or (a .npy file) not a
+            1-D array of integer ids in [0, 2^31).
         FileNotFoundError: if `path` does not exist.
 
     Example:
@@ -101,7 +118,10 @@ class TokenFile:
     seed: int = 0
 
     def __post_init__(self):
-        n = len(self._tokens())
+        tokens = self._tokens()
+        n = len(tokens)
+        if tokens.dtype != np.uint8:  # raw bytes are ids 0..255 by construction
+            _check_ids(self.path, tokens)
         if n < self.seq_len + 1:
             raise ShardkitValueError(
                 f"token file {self.path!r} holds {n} tokens, fewer than seq_len + 1 = "
@@ -118,6 +138,7 @@ class TokenFile:
 
     @property
     def vocab(self) -> int:
+        """256 for a byte file; the largest id + 1 for a .npy file."""
         tokens = self._tokens()
         return 256 if tokens.dtype == np.uint8 else int(tokens.max()) + 1
 

@@ -5,12 +5,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
 import pathlib
 import shutil
+import signal
+import threading
 import time
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -24,7 +28,7 @@ from rich.table import Table
 
 from shardkit.common import format_bytes, path_str
 from shardkit.compat import version_line
-from shardkit.errors import ShardkitValueError
+from shardkit.errors import ShardkitError, ShardkitValueError
 from shardkit.inspection import inspect
 from shardkit.inspection.hlo import collective_counts
 from shardkit.layout import spec_notation
@@ -34,13 +38,27 @@ from shardkit.models import GPT, GPTConfig, lm_loss
 from shardkit.plan import Transformer
 from shardkit.plan.hardware import hardware_for
 from shardkit.strategies import Auto, from_name
-from shardkit.train.checkpoint import Checkpointer
+from shardkit.train.checkpoint import Checkpointer, CheckpointRejectedWarning, NonFiniteStateError
 from shardkit.train.config import TrainConfig
 from shardkit.train.data import ReverseTask, TokenFile
+from shardkit.train.lock import RunLock
 from shardkit.train.metrics import History, Progress, host_matmul_flops
 from shardkit.train.pipeline_view import pipeline_rows
 from shardkit.train.report import write_report
 from shardkit.train.trainer import Trainer
+
+
+class TrainingDivergedError(ShardkitError, FloatingPointError):
+    """The loss or gradient norm became NaN or Inf; training stopped, nothing saved since."""
+
+
+class RunInterrupted(ShardkitError, KeyboardInterrupt):
+    """SIGINT or SIGTERM stopped the run after saving a checkpoint; `exit_code` is 128 + the
+    signal number (130, 143)."""
+
+    def __init__(self, message: str, *, exit_code: int):
+        super().__init__(message)
+        self.exit_code = exit_code
 
 
 @dataclasses.dataclass
@@ -164,6 +182,7 @@ def build_trainer(cfg: TrainConfig, devices=None, *, planned=None):
         grad_accum=cfg.grad_accum,
         compute_dtype=cfg.precision,
         batch_size=cfg.batch,
+        nonfinite=cfg.on_nonfinite,
     )
     if planned is not None:
         trainer.strategy_reason = planned.why()
@@ -246,18 +265,37 @@ def audit_step(trainer, compiled) -> tuple[list[dict], list[str], list[dict], An
     return rows, problems, memory, report
 
 
-def _fresh_checkpoints(cfg: TrainConfig, say) -> None:
-    """Without --resume, old checkpoints would collide with the new run's steps."""
+def _holds_checkpoints(folder: pathlib.Path) -> bool:
+    return folder.is_dir() and any(folder.iterdir())
+
+
+def _claim_output(cfg: TrainConfig) -> tuple[TrainConfig, str | None]:
+    """The run's folders, never taking another run's checkpoints without being asked.
+
+    Without --resume, a checkpoint folder that holds checkpoints is replaced only with
+    --overwrite; under the default --out the run moves to the first free numbered folder
+    (shardkit-train-2, -3, ...); an explicit folder is refused. Returns the config to use and
+    a line saying what happened (None when nothing did).
+    """
     folder = pathlib.Path(cfg.checkpoints)
-    if cfg.resume or not folder.exists() or not any(folder.iterdir()):
-        return
-    if cfg.checkpoint_dir is None:  # our own default folder under --out: replace it
-        shutil.rmtree(folder)
-        say(f"[bold]fresh[/]    removed the previous run's checkpoints in {folder}")
-        return
+    if cfg.resume or not _holds_checkpoints(folder):
+        return cfg, None
+    if cfg.overwrite:
+        return cfg, f"--overwrite: replacing the checkpoints in {folder}"
+    default_out = TrainConfig.__dataclass_fields__["out"].default
+    if cfg.checkpoint_dir is None and cfg.out == default_out:
+        n = 2
+        while pathlib.Path(f"{cfg.out}-{n}").exists():
+            n += 1
+        new = dataclasses.replace(cfg, out=f"{cfg.out}-{n}")
+        return new, (
+            f"{cfg.out} holds an earlier run's checkpoints; this run writes to {new.out} "
+            f"(--resume continues the earlier run, --overwrite replaces it)"
+        )
     raise ShardkitValueError(
-        f"checkpoint folder {folder} already holds checkpoints; fix: add --resume to continue "
-        "from them, or pass another --checkpoint-dir."
+        f"checkpoint folder {folder} already holds another run's checkpoints (steps "
+        f"{sorted(p.name for p in folder.iterdir())[:5]}); fix: --resume to continue that run, "
+        "--overwrite to replace it, or another --out / --checkpoint-dir."
     )
 
 
@@ -344,14 +382,20 @@ def _show_set_up(run: _Run) -> None:
 def _start(run: _Run) -> tuple[Checkpointer, dict, Any]:
     """The checkpoint folder (checked fresh, or resumed from) and the first state."""
     cfg = run.cfg
-    if run.primary:
-        _fresh_checkpoints(cfg, run.say)
+    if run.primary and cfg.overwrite and _holds_checkpoints(pathlib.Path(cfg.checkpoints)):
+        shutil.rmtree(cfg.checkpoints)  # asked for by --overwrite
+        run.say(f"[bold]overwrite[/] removed the previous run's checkpoints in {cfg.checkpoints}")
     if jax.process_count() > 1:
         multihost_utils.sync_global_devices("shardkit train: checkpoint folder ready")
     ckpt = Checkpointer(cfg.checkpoints, save_every=cfg.save_every, max_to_keep=cfg.keep)
     meta = {"model": dataclasses.asdict(run.model_cfg), "strategy": repr(run.trainer.strategy)}
     if cfg.resume and ckpt.latest_step() is not None:
-        state = ckpt.restore(run.trainer)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", CheckpointRejectedWarning)
+            state = ckpt.restore(run.trainer)
+        for w in caught:
+            if issubclass(w.category, CheckpointRejectedWarning):
+                run.console.print(f"[yellow]checkpoint[/] {escape(str(w.message))}")
         run.say(f"[bold]resumed[/]  step {int(state.step)} from {ckpt.directory}")
     else:
         state = run.trainer.init(cfg.seed)
@@ -360,6 +404,10 @@ def _start(run: _Run) -> tuple[Checkpointer, dict, Any]:
 
 def _loop(run: _Run, ckpt: Checkpointer, meta: dict, state: Any):
     """Compiles the step, then trains to ``cfg.steps`` with progress and checkpoints.
+
+    Stops early, after saving a checkpoint, on SIGINT or SIGTERM (`RunInterrupted`), and on a
+    NaN/Inf loss or gradient norm (`TrainingDivergedError`, nothing saved). Every logged row
+    is appended to ``<out>/metrics.jsonl`` as it is logged.
 
     Returns ``(state, history, compiled step, compile seconds)``.
     """
@@ -372,9 +420,13 @@ def _loop(run: _Run, ckpt: Checkpointer, meta: dict, state: Any):
     run.say(f"[bold]compiled[/] training step in {compile_s:.1f} s")
 
     history = History()
+    log = _MetricsLog(pathlib.Path(cfg.out) / "metrics.jsonl" if run.primary else None)
     tokens_per_step = cfg.batch * run.model_cfg.seq_len
     window_t, window_n = time.perf_counter(), 0
-    with Progress(cfg.steps, start=start, console=run.console, enabled=not run.quiet) as bar:
+    with (
+        Progress(cfg.steps, start=start, console=run.console, enabled=not run.quiet) as bar,
+        _StopSignals() as stop,
+    ):
         for step in range(start, cfg.steps):
             batch = (
                 first if step == start else trainer.load_batch(run.data, step, batch_size=cfg.batch)
@@ -382,21 +434,96 @@ def _loop(run: _Run, ckpt: Checkpointer, meta: dict, state: Any):
             state, metrics = trainer.step(state, batch)
             window_n += 1
             done = step + 1
-            ckpt.save(state, meta=meta)
-            if done % cfg.log_every == 0 or done == cfg.steps:
+            try:
+                ckpt.save(state, meta=meta)
+            except NonFiniteStateError as e:
+                raise _diverged(run, ckpt, done, {}) from e
+            if done % cfg.log_every == 0 or done == cfg.steps or stop.signum:
                 m = {k: float(v) for k, v in jax.device_get(metrics).items()}
+                finite = all(math.isfinite(m.get(k, 0.0)) for k in ("loss", "grad_norm"))
+                if not finite and cfg.on_nonfinite == "stop":
+                    raise _diverged(run, ckpt, done, m)
                 dt = (time.perf_counter() - window_t) / window_n
                 window_t, window_n = time.perf_counter(), 0
                 history.add(step=done, step_time=dt, tokens_per_s=tokens_per_step / dt, **m)
+                log.write(history.rows[-1])
                 bar.update(
                     done,
                     loss=m["loss"],
                     **({"acc": m["accuracy"]} if "accuracy" in m else {}),  # none when pipelined
                     **{"tok/s": tokens_per_step / dt},
                 )
+            if stop.signum:
+                raise _interrupted(run, ckpt, meta, state, stop.signum)
     ckpt.save(state, meta=meta, force=int(jax.device_get(state.step)) not in ckpt.all_steps())
     ckpt.wait()
     return state, history, compiled, compile_s
+
+
+def _diverged(run: _Run, ckpt: Checkpointer, step: int, m: dict) -> TrainingDivergedError:
+    ckpt.wait()
+    last = ckpt.latest_step()
+    where = f"step {last} in {ckpt.directory}" if last is not None else "none yet"
+    seen = ", ".join(f"{k} {m[k]:g}" for k in ("loss", "grad_norm") if k in m) or "NaN/Inf state"
+    return TrainingDivergedError(
+        f"step {step}: {seen}: training stopped, nothing saved since; the last good checkpoint "
+        f"is {where}. Likely cause: a learning rate too high for this model and batch "
+        f"(--lr {run.cfg.lr:g}) or bad values in the data; fix: --resume with a lower --lr, "
+        "or --on-nonfinite skip to drop such steps."
+    )
+
+
+def _interrupted(run, ckpt, meta, state, signum) -> RunInterrupted:
+    """Saves the state (unless NaN/Inf), waits for the save, and says where it is."""
+    step = int(jax.device_get(state.step))
+    with contextlib.suppress(NonFiniteStateError):  # the newest finite one stays the newest
+        ckpt.save(state, meta=meta, force=step not in ckpt.all_steps())
+    ckpt.wait()
+    name = signal.Signals(signum).name
+    return RunInterrupted(
+        f"{name} at step {step}: saved checkpoint step {ckpt.latest_step()} in "
+        f"{ckpt.directory}; continue with --resume.",
+        exit_code=128 + signum,
+    )
+
+
+class _MetricsLog:
+    """Appends each logged row to a JSON Lines file (None: nothing written)."""
+
+    def __init__(self, path: pathlib.Path | None):
+        self.path = path
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+
+    def write(self, row: dict) -> None:
+        if self.path is not None:
+            with self.path.open("a") as f:
+                f.write(json.dumps(row) + "\n")
+
+
+class _StopSignals:
+    """Within the block, SIGINT and SIGTERM set `signum` instead of stopping the process at
+    once; the loop saves at the next step boundary. A second signal stops at once."""
+
+    def __init__(self):
+        self.signum = 0
+        self._old: dict = {}
+
+    def _handle(self, signum, frame):
+        if self.signum:  # second signal: the user insists
+            signal.signal(signum, self._old.get(signum, signal.SIG_DFL))
+            signal.raise_signal(signum)
+        self.signum = signum
+
+    def __enter__(self) -> _StopSignals:
+        if threading.current_thread() is threading.main_thread():
+            for s in (signal.SIGINT, signal.SIGTERM):
+                self._old[s] = signal.signal(s, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for s, old in self._old.items():
+            signal.signal(s, old)
 
 
 def _evaluate(run: _Run, params: Any) -> tuple[float, float]:
@@ -477,10 +604,37 @@ def train(cfg: TrainConfig, *, console: Any = None, quiet: bool = False) -> RunR
     Returns:
         A `RunResult`.
     """
-    run = _set_up(cfg, console, quiet)
-    _show_set_up(run)
-    ckpt, meta, state = _start(run)
-    state, history, compiled, compile_s = _loop(run, ckpt, meta, state)
+    cfg, moved = _claim_output(cfg)
+    lock = RunLock(cfg.checkpoints)
+    if jax.process_index() == 0:
+        lock.acquire()
+    ckpt = None
+    try:
+        run = _set_up(cfg, console, quiet)
+        if moved:
+            run.say(f"[bold]out[/]      {escape(moved)}")
+        if lock.stale:
+            run.say(f"[bold]lock[/]     took over the stale lock of {lock.stale}")
+        _show_set_up(run)
+        ckpt, meta, state = _start(run)
+        state, history, compiled, compile_s = _loop(run, ckpt, meta, state)
+        return _finish(run, ckpt, state, history, compiled, compile_s)
+    finally:
+        if ckpt is not None:
+            _close_quietly(ckpt)
+        lock.release()
+
+
+def _close_quietly(ckpt: Checkpointer) -> None:
+    """Waits for pending saves and stops orbax's threads, so a failing run still exits; an
+    error here is secondary to the one already being raised (or was raised by `close`)."""
+    with contextlib.suppress(Exception):  # reported by the caller's own error
+        ckpt.close()
+
+
+def _finish(run, ckpt, state, history, compiled, compile_s) -> RunResult:
+    """Evaluation, audit, summary and report after the loop; the final line."""
+    cfg = run.cfg
     eval_acc, eval_loss = _evaluate(run, state.params)
 
     coll_rows, problems, memory, audit = audit_step(run.trainer, compiled)
@@ -497,7 +651,7 @@ def train(cfg: TrainConfig, *, console: Any = None, quiet: bool = False) -> RunR
     report_path = None
     if cfg.report and run.primary:
         report_path = _report(run, summary, coll_rows, problems, memory, audit, history)
-    ckpt.close()
+    ckpt.close()  # raises if an asynchronous save failed
     (run.console.print if run.primary else run.say)(
         f"[bold]done[/]     loss {history.last('loss'):.4f}, held-out accuracy {eval_acc:.3f}, "
         f"{tok_s:,.0f} tokens/s" + (f"; report {report_path}" if report_path else "")

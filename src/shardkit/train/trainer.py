@@ -70,6 +70,10 @@ class Trainer:
         compute_dtype: "float32" or "bfloat16" (mixed precision: float32 master weights and
             optimizer state, bfloat16 forward and backward).
         batch_size: global batch size, used by `Auto` to pick divisible degrees.
+        nonfinite: None (default), "stop" (the step's metrics carry `grad_norm`, the global
+            gradient norm, for the caller to check with the loss) or "skip" (also: a step
+            whose loss or gradient norm is NaN/Inf leaves parameters and optimizer state
+            unchanged and reports `skipped` = 1).
 
     Raises:
         ValueError: for non-Param state in an NNX model, grad_accum < 1 or an unknown dtype;
@@ -103,6 +107,7 @@ class Trainer:
         grad_accum: int = 1,
         compute_dtype: str = "float32",
         batch_size: int | None = None,
+        nonfinite: str | None = None,
     ):
         if not isinstance(grad_accum, int) or grad_accum < 1:
             raise ShardkitValueError(
@@ -113,6 +118,12 @@ class Trainer:
                 f"compute_dtype={compute_dtype!r} is not one of {sorted(_DTYPES)}; "
                 "fix: compute_dtype='bfloat16' for mixed precision."
             )
+        if nonfinite not in (None, "stop", "skip"):
+            raise ShardkitValueError(
+                f"nonfinite={nonfinite!r} is not None, 'stop' or 'skip'; fix: nonfinite='stop' "
+                "(report the gradient norm so the loop can stop) or 'skip' (drop such updates)."
+            )
+        self.nonfinite = nonfinite
         self.model_fn, self.optimizer, self.loss_fn = model_fn, optimizer, loss_fn
         self.grad_accum, self.compute_dtype = grad_accum, compute_dtype
         # graphdef: the NNX model's structure (None for a pure-function model), merged with
@@ -405,7 +416,16 @@ class Trainer:
         updates, opt_state = self.optimizer.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
         params = self._constrain(params, self.param_specs)
-        return TrainState(state.step + 1, params, opt_state), {"loss": loss, **metrics}
+        metrics = {"loss": loss, **metrics}
+        if self.nonfinite is not None:
+            metrics["grad_norm"] = grad_norm = optax.global_norm(grads)
+            if self.nonfinite == "skip":  # a step with NaN/Inf loss or gradients changes nothing
+                ok = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+                keep = lambda new, old: jnp.where(ok, new, old)  # noqa: E731
+                params = jax.tree.map(keep, params, state.params)
+                opt_state = jax.tree.map(keep, opt_state, state.opt_state)
+                metrics["skipped"] = (~ok).astype(jnp.int32)
+        return TrainState(state.step + 1, params, opt_state), metrics
 
     def jit_step(self, batch_shardings: Mapping[str, Any]):
         """The training step under `jax.jit`, as `compile_step` compiles it: state donated,
