@@ -73,12 +73,14 @@ def _describe(code: int) -> str:
     return f"exited with status {code}"
 
 
-def _pump(rank: int, stream, out: TextIO, lock: threading.Lock) -> None:
+def _pump(rank: int, stream, out: TextIO, lock: threading.Lock, last: dict) -> None:
     for line in iter(stream.readline, ""):
         end = "" if line.endswith("\n") else "\n"  # a last line without a newline
         with lock:
             out.write(f"[rank {rank}] {line}{end}")
             out.flush()
+        if line.strip():
+            last[rank] = line.strip()
     stream.close()
 
 
@@ -137,6 +139,7 @@ def launch(
     lock = threading.Lock()
     procs: list[subprocess.Popen] = []
     pumps = []
+    last: dict[int, str] = {}  # each rank's last line of output (its error, when it fails)
     for rank in range(processes):
         proc = subprocess.Popen(
             list(command),
@@ -149,7 +152,7 @@ def launch(
             start_new_session=True,  # so a stop reaches the rank's own children too
         )  # fmt: skip
         procs.append(proc)
-        t = threading.Thread(target=_pump, args=(rank, proc.stdout, out, lock), daemon=True)
+        t = threading.Thread(target=_pump, args=(rank, proc.stdout, out, lock, last), daemon=True)
         t.start()
         pumps.append(t)
 
@@ -158,18 +161,42 @@ def launch(
             out.write(f"[launch] {text}\n")
             out.flush()
 
-    failed = _watch(procs, timeout, say)
+    with _terminate_as_interrupt():
+        failed = _watch(procs, timeout, say)
     if failed is not None and any(p.poll() is None for p in procs):
         rank, code = failed
         if rank >= 0:
+            time.sleep(0.2)  # let the pump read the failing rank's last lines
             running = [i for i, p in enumerate(procs) if p.poll() is None]
-            say(f"rank {rank} {_describe(code)}; stopping ranks {running}")
+            stopping = f"; stopping ranks {running}" if running else ""
+            say(f"rank {rank} {_describe(code)}{_last(last, rank)}{stopping}")
         _stop(procs, grace)
     elif failed is not None and failed[0] >= 0:
-        say(f"rank {failed[0]} {_describe(failed[1])}")
+        say(f"rank {failed[0]} {_describe(failed[1])}{_last(last, failed[0])}")
     for t in pumps:
         t.join(timeout=5)
     return 0 if failed is None else _status(failed[1])
+
+
+def _last(last: dict[int, str], rank: int) -> str:
+    return f" ({last[rank][:300]})" if rank in last else ""
+
+
+@contextlib.contextmanager
+def _terminate_as_interrupt():
+    """SIGTERM to the launcher stops its ranks as Ctrl-C does (it never leaves them running)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
 
 
 def _watch(procs: list[subprocess.Popen], timeout: float | None, say) -> tuple[int, int] | None:
@@ -177,23 +204,38 @@ def _watch(procs: list[subprocess.Popen], timeout: float | None, say) -> tuple[i
     status 124, or Ctrl-C, 130), or None when all succeeded."""
     failed: tuple[int, int] | None = None
     start = time.monotonic()
+    ended: dict[int, float] = {}  # rank -> when it exited, seen by a thread waiting on it
+
+    def wait(rank: int, p: subprocess.Popen) -> None:
+        p.wait()
+        ended[rank] = time.monotonic()
+
+    for rank, p in enumerate(procs):
+        threading.Thread(target=wait, args=(rank, p), daemon=True).start()
+
+    def first_failure() -> tuple[int, int] | None:
+        bad = [r for r in list(ended) if procs[r].returncode]
+        return min(((r, procs[r].returncode) for r in bad), key=lambda x: ended[x[0]],
+                   default=None)  # fmt: skip
+
     try:
         while any(p.poll() is None for p in procs):
-            for rank, p in enumerate(procs):
-                code = p.poll()
-                if code not in (None, 0) and failed is None:
-                    failed = (rank, code)
+            failed = first_failure()
             if failed is not None:
+                # a rank's death breaks the others' collectives a moment later: the rank to
+                # blame is the one that ended first
                 return failed
+            time.sleep(0.02)
             if timeout is not None and time.monotonic() - start > timeout:
                 say(f"timeout after {timeout:g} s; stopping all ranks")
                 return (-1, 124)
-            time.sleep(0.05)
-        for rank, p in enumerate(procs):
-            if p.returncode and failed is None:
-                failed = (rank, p.returncode)
+        time.sleep(0.05)  # the waiting threads note the last exits
+        failed = first_failure()
     except KeyboardInterrupt:
         say("interrupted; stopping all ranks")
+        for p in procs:  # they stop in launch(); this status is the launcher's
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGTERM)
         return (-1, 130)
     return failed
 

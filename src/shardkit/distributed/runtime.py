@@ -15,6 +15,7 @@ import dataclasses
 import math
 import os
 import socket
+import sys
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -256,7 +257,26 @@ def initialize(
         jax.distributed.initialize(**timeouts)  # JAX reads the cluster's variables
         n, pid = jax.process_count(), jax.process_index()
     _check_process_counts(n, pid, timeout)
+    _exit_fast_on_error()
     return _info(env.kind)
+
+
+def _exit_fast_on_error() -> None:
+    """An uncaught exception in this rank prints its traceback and ends the process at once.
+
+    Without this, the interpreter's exit runs `jax.distributed.shutdown`, which waits for
+    the other ranks (about 30 s) until the coordinator aborts them all with SIGABRT, and the
+    launcher then reports whichever rank aborted first instead of this rank's error.
+    """
+    previous = sys.excepthook
+
+    def hook(kind, value, tb):
+        previous(kind, value, tb)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(130 if issubclass(kind, KeyboardInterrupt) else 1)
+
+    sys.excepthook = hook
 
 
 def check_mesh(mesh: Any, *, devices_per_process: int | None = None) -> None:

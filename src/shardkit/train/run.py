@@ -453,6 +453,8 @@ def _loop(run: _Run, ckpt: Checkpointer, meta: dict, state: Any):
                     **({"acc": m["accuracy"]} if "accuracy" in m else {}),  # none when pipelined
                     **{"tok/s": tokens_per_step / dt},
                 )
+            if jax.process_count() > 1 and multihost_utils.reached_preemption_sync_point(done):
+                stop.signum = signal.SIGTERM  # JAX's notice: every rank stops at this step
             if stop.signum:
                 raise _interrupted(run, ckpt, meta, state, stop.signum)
     ckpt.save(state, meta=meta, force=int(jax.device_get(state.step)) not in ckpt.all_steps())
@@ -502,8 +504,8 @@ class _MetricsLog:
 
 
 class _StopSignals:
-    """Within the block, SIGINT and SIGTERM set `signum` instead of stopping the process at
-    once; the loop saves at the next step boundary. A second signal stops at once."""
+    """Within the block (one process), SIGINT and SIGTERM set `signum` instead of stopping the
+    process at once; the loop saves at the next step boundary. A second signal stops at once."""
 
     def __init__(self):
         self.signum = 0
@@ -516,7 +518,9 @@ class _StopSignals:
         self.signum = signum
 
     def __enter__(self) -> _StopSignals:
-        if threading.current_thread() is threading.main_thread():
+        # several processes: JAX's preemption service owns SIGTERM and tells every rank at the
+        # same step (`reached_preemption_sync_point`); a rank saving alone would hang the save
+        if threading.current_thread() is threading.main_thread() and jax.process_count() == 1:
             for s in (signal.SIGINT, signal.SIGTERM):
                 self._old[s] = signal.signal(s, self._handle)
         return self

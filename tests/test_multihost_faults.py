@@ -1,0 +1,124 @@
+"""Faults in multi-process runs: a rank's Python error stops the job within seconds and is
+the error the launcher reports; SIGTERM to the launcher stops its ranks; SIGTERM to one rank
+of `shardkit train` saves a checkpoint on every rank and stops them all."""
+
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+TIMEOUT = 120
+
+
+def _env():
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SHARDKIT_")}
+    env.pop("XLA_FLAGS", None)
+    env["JAX_PLATFORMS"] = "cpu"
+    return env
+
+
+def _launch(n, *cmd, devices=2):
+    args = [sys.executable, "-m", "shardkit.cli", "launch", "-n", str(n),
+            "--devices-per-process", str(devices), "--", *cmd]  # fmt: skip
+    return subprocess.Popen(args, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)  # fmt: skip
+
+
+RAISES = textwrap.dedent(
+    """
+    import shardkit.distributed as skd
+    skd.initialize()
+    import jax
+    from jax.experimental import multihost_utils
+    multihost_utils.sync_global_devices("started")
+    if jax.process_index() == 1:
+        raise ValueError("rank one broke: shard 7 is missing")
+    multihost_utils.sync_global_devices("rank 1 never comes")
+    print("rank 0 passed a barrier rank 1 never reached")
+    """
+)
+
+
+def test_a_rank_that_raises_ends_the_job_within_seconds_with_its_own_error(tmp_path):
+    script = tmp_path / "raises.py"
+    script.write_text(RAISES)
+    t0 = time.monotonic()
+    proc = _launch(2, sys.executable, str(script))
+    out, _ = proc.communicate(timeout=TIMEOUT)
+    took = time.monotonic() - t0
+    assert proc.returncode == 1, out[-3000:]
+    assert "[rank 1] ValueError: rank one broke: shard 7 is missing" in out
+    assert "[launch] rank 1 exited with status 1 (ValueError: rank one broke" in out
+    assert "passed a barrier" not in out
+    assert took < 15 + 10, (took, out[-2000:])  # 15 s after start-up (~10 s of imports)
+
+
+SLEEPS = textwrap.dedent(
+    """
+    import time, shardkit.distributed as skd
+    skd.initialize()
+    print("ready", flush=True)
+    time.sleep(600)
+    """
+)
+
+
+def test_sigterm_to_the_launcher_stops_its_ranks(tmp_path):
+    script = tmp_path / "sleeps.py"
+    script.write_text(SLEEPS)
+    proc = _launch(2, sys.executable, str(script))
+    ready = 0
+    while ready < 2:
+        line = proc.stdout.readline()
+        assert line, "the ranks never started"
+        ready += line.strip().endswith("ready")
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode != 0 and "stopping all ranks" in out
+    left = subprocess.run(["pgrep", "-f", str(script)], capture_output=True, text=True)
+    assert left.stdout.strip() == ""  # no rank left running
+
+
+@pytest.mark.parametrize("rank", [1])
+def test_sigterm_to_one_rank_of_train_saves_on_every_rank_and_stops_all(tmp_path, rank):
+    out = tmp_path / "run"
+    args = ["train", "--processes", "2", "--devices", "4", "--strategy", "dp", "--d-model", "32",
+            "--layers", "1", "--heads", "2", "--batch", "16", "--steps", "400", "--log-every", "1",
+            "--save-every", "1000", "--no-report", "--quiet", "--out", str(out)]  # fmt: skip
+    proc = subprocess.Popen([sys.executable, "-m", "shardkit.cli", *args], env=_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)  # fmt: skip
+    deadline = time.monotonic() + 240
+    metrics = out / "metrics.jsonl"
+    while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 3):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0][-3000:]
+        time.sleep(0.1)
+    ranks = subprocess.run(["pgrep", "-f", "shardkit.cli train"], capture_output=True,
+                           text=True).stdout.split()  # fmt: skip
+    target = [int(p) for p in ranks if _rank_of(int(p)) == rank]
+    assert target, ranks
+    os.kill(target[0], signal.SIGTERM)
+    text, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 143, text[-3000:]
+    assert "SIGTERM at step" in text and "saved checkpoint step" in text
+    from shardkit.train.checkpoint import Checkpointer
+
+    ckpt = Checkpointer(out / "checkpoints")
+    assert ckpt.latest_step() is not None and ckpt.latest_step() >= 3
+    ckpt.close()
+
+
+def _rank_of(pid: int) -> int | None:
+    try:
+        env = pathlib.Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    for item in env:
+        if item.startswith(b"SHARDKIT_PROCESS_ID="):
+            return int(item.split(b"=")[1])
+    return None
