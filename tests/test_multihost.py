@@ -221,9 +221,15 @@ def test_failures_end_with_clear_errors_never_hang(tmp_path):
 
     outs = [proc.communicate(timeout=TIMEOUT)[0] for proc in bare]
     assert bare[1].returncode == -signal.SIGKILL
-    assert bare[0].returncode == -signal.SIGABRT, outs[0][-3000:]
-    assert "JAX distributed service detected fatal errors" in outs[0], outs[0][-3000:]
-    assert re.search(r"stopped sending heartbeats|another task died", outs[0])
+    # the survivor ends with its own error: its collective fails and, since an uncaught error
+    # ends a rank at once, it exits 1; where the collective does not fail first, JAX's
+    # heartbeat aborts it
+    if bare[0].returncode == -signal.SIGABRT:
+        assert "JAX distributed service detected fatal errors" in outs[0], outs[0][-3000:]
+        assert re.search(r"stopped sending heartbeats|another task died", outs[0])
+    else:
+        assert bare[0].returncode == 1, outs[0][-3000:]
+        assert "Traceback (most recent call last)" in outs[0] and "x = step(x)" in outs[0]
 
     out = lonely.communicate(timeout=TIMEOUT)[0]
     assert lonely.returncode == 1, out[-3000:]

@@ -198,3 +198,23 @@ def test_an_unwritable_output_folder_is_one_line_within_seconds(tmp_path):
     assert rc == 2 and time.monotonic() - t0 < 60
     line = _one_line_error(err)
     assert "Not a directory" in line and "fix:" in line
+
+
+def _small_files():
+    """In the child: files may not grow past 20 kB (EFBIG), as a full disk stops a write."""
+    import resource
+
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (20_000, 20_000))
+
+
+def test_a_failing_checkpoint_write_is_one_line_and_the_process_exits(tmp_path):
+    cmd = [sys.executable, "-m", "shardkit.cli", "train", *SMALL, "--out", str(tmp_path / "r"),
+           "--steps", "6", "--save-every", "2"]  # fmt: skip
+    t0 = time.monotonic()
+    proc = subprocess.run(cmd, cwd=tmp_path, env=_env(), capture_output=True, text=True,
+                          timeout=TIMEOUT, preexec_fn=_small_files)  # fmt: skip
+    assert proc.returncode == 2 and time.monotonic() - t0 < 120
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr[-3000:]
+    line = _one_line_error(proc.stderr)
+    assert "File too large" in line and "fix: free space" in line and "--resume" in line

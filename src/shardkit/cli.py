@@ -11,8 +11,10 @@ from __future__ import annotations
 import argparse
 import errno
 import importlib
+import logging
 import os
 import sys
+import threading
 from collections.abc import Sequence
 
 from shardkit.cli_args import CLIError, parse_mesh_arg, parse_shape_arg, parse_spec_arg
@@ -192,6 +194,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 0
+    if not args.debug:
+        _quiet_background_errors()
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt as e:  # a run stopped by SIGINT/SIGTERM after saving (or Ctrl-C)
@@ -217,13 +221,31 @@ _OS_FIXES = {
 }
 
 
+_WRITE_FAILED = ("No space left", "File too large", "os_error_code='28'", "os_error_code='27'",
+                 "Read-only file system", "Permission denied")  # fmt: skip
+
+
 def _one_line(e: BaseException) -> str:
     """The error in one line; an operating-system error with the fix for its cause."""
     if isinstance(e, OSError) and not isinstance(e, ShardkitError):
         where = f" {e.filename}" if e.filename else ""
         fix = _OS_FIXES.get(e.errno or 0, "check the path and the disk")
         return f"{e.strerror or e}{':' if where else ''}{where}; fix: {fix} (--debug: traceback)."
-    return str(e)
+    text = " ".join(str(e).split())
+    if not isinstance(e, ShardkitError) and any(m in text for m in _WRITE_FAILED):
+        # a failed checkpoint write reported by orbax / tensorstore
+        return (
+            f"{text}; fix: free space or make the folder writable, or point --out / "
+            "--checkpoint-dir elsewhere; then --resume (--debug: traceback)."
+        )
+    return text
+
+
+def _quiet_background_errors() -> None:
+    """Without --debug, errors in background threads (orbax's asynchronous saves) are not
+    printed as they happen: the save's error reaches the command, which prints it once."""
+    logging.getLogger("absl").setLevel(logging.CRITICAL)
+    threading.excepthook = lambda args: None
 
 
 if __name__ == "__main__":  # pragma: no cover

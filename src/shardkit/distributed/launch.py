@@ -161,25 +161,23 @@ def launch(
             out.write(f"[launch] {text}\n")
             out.flush()
 
+    ended: dict[int, float] = {}  # rank -> when it exited, seen by a thread waiting on it
     with _terminate_as_interrupt():
-        failed = _watch(procs, timeout, say)
-    if failed is not None and any(p.poll() is None for p in procs):
+        failed = _watch(procs, timeout, say, ended)
+    if failed is not None and failed[0] >= 0:
         rank, code = failed
-        if rank >= 0:
-            time.sleep(0.2)  # let the pump read the failing rank's last lines
-            running = [i for i, p in enumerate(procs) if p.poll() is None]
-            stopping = f"; stopping ranks {running}" if running else ""
-            say(f"rank {rank} {_describe(code)}{_last(last, rank)}{stopping}")
+        # the ranks still running when it failed (a rank that dies of the broken collective a
+        # moment later counts as stopped because of it)
+        others = [i for i, p in enumerate(procs)
+                  if i != rank and ended.get(i, float("inf")) > ended[rank]]  # fmt: skip
+        say(f"rank {rank} {_describe(code)}" + (f"; stopping ranks {others}" if others else ""))
+    if failed is not None and any(p.poll() is None for p in procs):
         _stop(procs, grace)
-    elif failed is not None and failed[0] >= 0:
-        say(f"rank {failed[0]} {_describe(failed[1])}{_last(last, failed[0])}")
     for t in pumps:
         t.join(timeout=5)
+    if failed is not None and failed[0] in last:  # its error, once its output is all read
+        say(f"rank {failed[0]}'s last line: {last[failed[0]][:300]}")
     return 0 if failed is None else _status(failed[1])
-
-
-def _last(last: dict[int, str], rank: int) -> str:
-    return f" ({last[rank][:300]})" if rank in last else ""
 
 
 @contextlib.contextmanager
@@ -199,12 +197,14 @@ def _terminate_as_interrupt():
         signal.signal(signal.SIGTERM, old)
 
 
-def _watch(procs: list[subprocess.Popen], timeout: float | None, say) -> tuple[int, int] | None:
+def _watch(
+    procs: list[subprocess.Popen], timeout: float | None, say, ended: dict[int, float]
+) -> tuple[int, int] | None:
     """Waits for the ranks: ``(rank, status)`` of the first to fail (rank -1 for a timeout,
-    status 124, or Ctrl-C, 130), or None when all succeeded."""
+    status 124, or Ctrl-C, 130), or None when all succeeded. `ended` gets each rank's exit
+    time."""
     failed: tuple[int, int] | None = None
     start = time.monotonic()
-    ended: dict[int, float] = {}  # rank -> when it exited, seen by a thread waiting on it
 
     def wait(rank: int, p: subprocess.Popen) -> None:
         p.wait()

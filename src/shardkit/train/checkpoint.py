@@ -56,7 +56,7 @@ class NonFiniteStateError(ShardkitError, ValueError):
     """A training state with NaN or Inf values, which is never saved as a checkpoint."""
 
 
-class CheckpointRejectedWarning(UserWarning):
+class CheckpointRejectedWarning(ShardkitError, UserWarning):
     """A checkpoint failed its check on restore and was moved aside; an older one is used."""
 
 

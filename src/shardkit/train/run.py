@@ -12,7 +12,6 @@ import math
 import pathlib
 import shutil
 import signal
-import threading
 import time
 import warnings
 from collections.abc import Callable
@@ -28,7 +27,7 @@ from rich.table import Table
 
 from shardkit.common import format_bytes, path_str
 from shardkit.compat import version_line
-from shardkit.errors import ShardkitError, ShardkitValueError
+from shardkit.errors import ShardkitValueError
 from shardkit.inspection import inspect
 from shardkit.inspection.hlo import collective_counts
 from shardkit.layout import spec_notation
@@ -41,24 +40,19 @@ from shardkit.strategies import Auto, from_name
 from shardkit.train.checkpoint import Checkpointer, CheckpointRejectedWarning, NonFiniteStateError
 from shardkit.train.config import TrainConfig
 from shardkit.train.data import ReverseTask, TokenFile
+from shardkit.train.guard import (
+    MetricsLog,
+    StopSignals,
+    claim_output,
+    diverged,
+    holds_checkpoints,
+    interrupted,
+)
 from shardkit.train.lock import RunLock
 from shardkit.train.metrics import History, Progress, host_matmul_flops
 from shardkit.train.pipeline_view import pipeline_rows
 from shardkit.train.report import write_report
 from shardkit.train.trainer import Trainer
-
-
-class TrainingDivergedError(ShardkitError, FloatingPointError):
-    """The loss or gradient norm became NaN or Inf; training stopped, nothing saved since."""
-
-
-class RunInterrupted(ShardkitError, KeyboardInterrupt):
-    """SIGINT or SIGTERM stopped the run after saving a checkpoint; `exit_code` is 128 + the
-    signal number (130, 143)."""
-
-    def __init__(self, message: str, *, exit_code: int):
-        super().__init__(message)
-        self.exit_code = exit_code
 
 
 @dataclasses.dataclass
@@ -265,40 +259,6 @@ def audit_step(trainer, compiled) -> tuple[list[dict], list[str], list[dict], An
     return rows, problems, memory, report
 
 
-def _holds_checkpoints(folder: pathlib.Path) -> bool:
-    return folder.is_dir() and any(folder.iterdir())
-
-
-def _claim_output(cfg: TrainConfig) -> tuple[TrainConfig, str | None]:
-    """The run's folders, never taking another run's checkpoints without being asked.
-
-    Without --resume, a checkpoint folder that holds checkpoints is replaced only with
-    --overwrite; under the default --out the run moves to the first free numbered folder
-    (shardkit-train-2, -3, ...); an explicit folder is refused. Returns the config to use and
-    a line saying what happened (None when nothing did).
-    """
-    folder = pathlib.Path(cfg.checkpoints)
-    if cfg.resume or not _holds_checkpoints(folder):
-        return cfg, None
-    if cfg.overwrite:
-        return cfg, f"--overwrite: replacing the checkpoints in {folder}"
-    default_out = TrainConfig.__dataclass_fields__["out"].default
-    if cfg.checkpoint_dir is None and cfg.out == default_out:
-        n = 2
-        while pathlib.Path(f"{cfg.out}-{n}").exists():
-            n += 1
-        new = dataclasses.replace(cfg, out=f"{cfg.out}-{n}")
-        return new, (
-            f"{cfg.out} holds an earlier run's checkpoints; this run writes to {new.out} "
-            f"(--resume continues the earlier run, --overwrite replaces it)"
-        )
-    raise ShardkitValueError(
-        f"checkpoint folder {folder} already holds another run's checkpoints (steps "
-        f"{sorted(p.name for p in folder.iterdir())[:5]}); fix: --resume to continue that run, "
-        "--overwrite to replace it, or another --out / --checkpoint-dir."
-    )
-
-
 @dataclasses.dataclass
 class _Run:
     """What the phases of one `shardkit train` share, built once by `_set_up`."""
@@ -382,7 +342,7 @@ def _show_set_up(run: _Run) -> None:
 def _start(run: _Run) -> tuple[Checkpointer, dict, Any]:
     """The checkpoint folder (checked fresh, or resumed from) and the first state."""
     cfg = run.cfg
-    if run.primary and cfg.overwrite and _holds_checkpoints(pathlib.Path(cfg.checkpoints)):
+    if run.primary and cfg.overwrite and holds_checkpoints(pathlib.Path(cfg.checkpoints)):
         shutil.rmtree(cfg.checkpoints)  # asked for by --overwrite
         run.say(f"[bold]overwrite[/] removed the previous run's checkpoints in {cfg.checkpoints}")
     if jax.process_count() > 1:
@@ -420,12 +380,12 @@ def _loop(run: _Run, ckpt: Checkpointer, meta: dict, state: Any):
     run.say(f"[bold]compiled[/] training step in {compile_s:.1f} s")
 
     history = History()
-    log = _MetricsLog(pathlib.Path(cfg.out) / "metrics.jsonl" if run.primary else None)
+    log = MetricsLog(pathlib.Path(cfg.out) / "metrics.jsonl" if run.primary else None)
     tokens_per_step = cfg.batch * run.model_cfg.seq_len
     window_t, window_n = time.perf_counter(), 0
     with (
         Progress(cfg.steps, start=start, console=run.console, enabled=not run.quiet) as bar,
-        _StopSignals() as stop,
+        StopSignals() as stop,
     ):
         for step in range(start, cfg.steps):
             batch = (
@@ -437,12 +397,12 @@ def _loop(run: _Run, ckpt: Checkpointer, meta: dict, state: Any):
             try:
                 ckpt.save(state, meta=meta)
             except NonFiniteStateError as e:
-                raise _diverged(run, ckpt, done, {}) from e
+                raise diverged(cfg.lr, ckpt, done, {}) from e
             if done % cfg.log_every == 0 or done == cfg.steps or stop.signum:
                 m = {k: float(v) for k, v in jax.device_get(metrics).items()}
                 finite = all(math.isfinite(m.get(k, 0.0)) for k in ("loss", "grad_norm"))
                 if not finite and cfg.on_nonfinite == "stop":
-                    raise _diverged(run, ckpt, done, m)
+                    raise diverged(cfg.lr, ckpt, done, m)
                 dt = (time.perf_counter() - window_t) / window_n
                 window_t, window_n = time.perf_counter(), 0
                 history.add(step=done, step_time=dt, tokens_per_s=tokens_per_step / dt, **m)
@@ -456,78 +416,10 @@ def _loop(run: _Run, ckpt: Checkpointer, meta: dict, state: Any):
             if jax.process_count() > 1 and multihost_utils.reached_preemption_sync_point(done):
                 stop.signum = signal.SIGTERM  # JAX's notice: every rank stops at this step
             if stop.signum:
-                raise _interrupted(run, ckpt, meta, state, stop.signum)
+                raise interrupted(ckpt, meta, state, stop.signum)
     ckpt.save(state, meta=meta, force=int(jax.device_get(state.step)) not in ckpt.all_steps())
     ckpt.wait()
     return state, history, compiled, compile_s
-
-
-def _diverged(run: _Run, ckpt: Checkpointer, step: int, m: dict) -> TrainingDivergedError:
-    ckpt.wait()
-    last = ckpt.latest_step()
-    where = f"step {last} in {ckpt.directory}" if last is not None else "none yet"
-    seen = ", ".join(f"{k} {m[k]:g}" for k in ("loss", "grad_norm") if k in m) or "NaN/Inf state"
-    return TrainingDivergedError(
-        f"step {step}: {seen}: training stopped, nothing saved since; the last good checkpoint "
-        f"is {where}. Likely cause: a learning rate too high for this model and batch "
-        f"(--lr {run.cfg.lr:g}) or bad values in the data; fix: --resume with a lower --lr, "
-        "or --on-nonfinite skip to drop such steps."
-    )
-
-
-def _interrupted(run, ckpt, meta, state, signum) -> RunInterrupted:
-    """Saves the state (unless NaN/Inf), waits for the save, and says where it is."""
-    step = int(jax.device_get(state.step))
-    with contextlib.suppress(NonFiniteStateError):  # the newest finite one stays the newest
-        ckpt.save(state, meta=meta, force=step not in ckpt.all_steps())
-    ckpt.wait()
-    name = signal.Signals(signum).name
-    return RunInterrupted(
-        f"{name} at step {step}: saved checkpoint step {ckpt.latest_step()} in "
-        f"{ckpt.directory}; continue with --resume.",
-        exit_code=128 + signum,
-    )
-
-
-class _MetricsLog:
-    """Appends each logged row to a JSON Lines file (None: nothing written)."""
-
-    def __init__(self, path: pathlib.Path | None):
-        self.path = path
-        if path is not None:
-            path.parent.mkdir(parents=True, exist_ok=True)
-
-    def write(self, row: dict) -> None:
-        if self.path is not None:
-            with self.path.open("a") as f:
-                f.write(json.dumps(row) + "\n")
-
-
-class _StopSignals:
-    """Within the block (one process), SIGINT and SIGTERM set `signum` instead of stopping the
-    process at once; the loop saves at the next step boundary. A second signal stops at once."""
-
-    def __init__(self):
-        self.signum = 0
-        self._old: dict = {}
-
-    def _handle(self, signum, frame):
-        if self.signum:  # second signal: the user insists
-            signal.signal(signum, self._old.get(signum, signal.SIG_DFL))
-            signal.raise_signal(signum)
-        self.signum = signum
-
-    def __enter__(self) -> _StopSignals:
-        # several processes: JAX's preemption service owns SIGTERM and tells every rank at the
-        # same step (`reached_preemption_sync_point`); a rank saving alone would hang the save
-        if threading.current_thread() is threading.main_thread() and jax.process_count() == 1:
-            for s in (signal.SIGINT, signal.SIGTERM):
-                self._old[s] = signal.signal(s, self._handle)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for s, old in self._old.items():
-            signal.signal(s, old)
 
 
 def _evaluate(run: _Run, params: Any) -> tuple[float, float]:
@@ -608,7 +500,7 @@ def train(cfg: TrainConfig, *, console: Any = None, quiet: bool = False) -> RunR
     Returns:
         A `RunResult`.
     """
-    cfg, moved = _claim_output(cfg)
+    cfg, moved = claim_output(cfg)
     lock = RunLock(cfg.checkpoints)
     if jax.process_index() == 0:
         lock.acquire()

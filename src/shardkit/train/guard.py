@@ -1,0 +1,140 @@
+"""What keeps a `shardkit train` run from being lost: folders, stops, signals, the metrics log.
+
+* `claim_output`: a new run never takes another run's checkpoints without being asked;
+* `diverged` / `interrupted`: the one-line errors of a NaN/Inf stop and of a signal (after a
+  save), with the exit code the command returns;
+* `StopSignals`: SIGINT/SIGTERM become a flag the loop reads at the next step boundary;
+* `MetricsLog`: each logged row appended to `metrics.jsonl` as it is logged.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import pathlib
+import signal
+import threading
+from typing import Any
+
+import jax
+
+from shardkit.errors import ShardkitError, ShardkitValueError
+from shardkit.train.checkpoint import Checkpointer, NonFiniteStateError
+from shardkit.train.config import TrainConfig
+
+
+class TrainingDivergedError(ShardkitError, FloatingPointError):
+    """The loss or gradient norm became NaN or Inf; training stopped, nothing saved since."""
+
+
+class RunInterrupted(ShardkitError, KeyboardInterrupt):
+    """SIGINT or SIGTERM stopped the run after saving a checkpoint; `exit_code` is 128 + the
+    signal number (130, 143)."""
+
+    def __init__(self, message: str, *, exit_code: int):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def holds_checkpoints(folder: pathlib.Path) -> bool:
+    return folder.is_dir() and any(folder.iterdir())
+
+
+def claim_output(cfg: TrainConfig) -> tuple[TrainConfig, str | None]:
+    """The run's folders, never taking another run's checkpoints without being asked.
+
+    Without --resume, a checkpoint folder that holds checkpoints is replaced only with
+    --overwrite; under the default --out the run moves to the first free numbered folder
+    (shardkit-train-2, -3, ...); an explicit folder is refused. Returns the config to use and
+    a line saying what happened (None when nothing did).
+    """
+    folder = pathlib.Path(cfg.checkpoints)
+    if cfg.resume or not holds_checkpoints(folder):
+        return cfg, None
+    if cfg.overwrite:
+        return cfg, f"--overwrite: replacing the checkpoints in {folder}"
+    default_out = TrainConfig.__dataclass_fields__["out"].default
+    if cfg.checkpoint_dir is None and cfg.out == default_out:
+        n = 2
+        while pathlib.Path(f"{cfg.out}-{n}").exists():
+            n += 1
+        new = dataclasses.replace(cfg, out=f"{cfg.out}-{n}")
+        return new, (
+            f"{cfg.out} holds an earlier run's checkpoints; this run writes to {new.out} "
+            f"(--resume continues the earlier run, --overwrite replaces it)"
+        )
+    raise ShardkitValueError(
+        f"checkpoint folder {folder} already holds another run's checkpoints (steps "
+        f"{sorted(p.name for p in folder.iterdir())[:5]}); fix: --resume to continue that run, "
+        "--overwrite to replace it, or another --out / --checkpoint-dir."
+    )
+
+
+def diverged(lr: float, ckpt: Checkpointer, step: int, m: dict) -> TrainingDivergedError:
+    """The error that stops a run whose loss or gradient norm became NaN/Inf at `step`."""
+    ckpt.wait()
+    last = ckpt.latest_step()
+    where = f"step {last} in {ckpt.directory}" if last is not None else "none yet"
+    seen = ", ".join(f"{k} {m[k]:g}" for k in ("loss", "grad_norm") if k in m) or "NaN/Inf state"
+    return TrainingDivergedError(
+        f"step {step}: {seen}: training stopped, nothing saved since; the last good checkpoint "
+        f"is {where}. Likely cause: a learning rate too high for this model and batch "
+        f"(--lr {lr:g}) or bad values in the data; fix: --resume with a lower --lr, "
+        "or --on-nonfinite skip to drop such steps."
+    )
+
+
+def interrupted(ckpt: Checkpointer, meta: dict, state: Any, signum: int) -> RunInterrupted:
+    """Saves the state (unless NaN/Inf), waits for the save, and says where it is."""
+    step = int(jax.device_get(state.step))
+    with contextlib.suppress(NonFiniteStateError):  # the newest finite one stays the newest
+        ckpt.save(state, meta=meta, force=step not in ckpt.all_steps())
+    ckpt.wait()
+    name = signal.Signals(signum).name
+    return RunInterrupted(
+        f"{name} at step {step}: saved checkpoint step {ckpt.latest_step()} in "
+        f"{ckpt.directory}; continue with --resume.",
+        exit_code=128 + signum,
+    )
+
+
+class MetricsLog:
+    """Appends each logged row to a JSON Lines file (None: nothing written)."""
+
+    def __init__(self, path: pathlib.Path | None):
+        self.path = path
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+
+    def write(self, row: dict) -> None:
+        if self.path is not None:
+            with self.path.open("a") as f:
+                f.write(json.dumps(row) + "\n")
+
+
+class StopSignals:
+    """Within the block (one process), SIGINT and SIGTERM set `signum` instead of stopping the
+    process at once; the loop saves at the next step boundary. A second signal stops at once."""
+
+    def __init__(self):
+        self.signum = 0
+        self._old: dict = {}
+
+    def _handle(self, signum, frame):
+        if self.signum:  # second signal: the user insists
+            signal.signal(signum, self._old.get(signum, signal.SIG_DFL))
+            signal.raise_signal(signum)
+        self.signum = signum
+
+    def __enter__(self) -> StopSignals:
+        # several processes: JAX's preemption service owns SIGTERM and tells every rank at the
+        # same step (`reached_preemption_sync_point`); a rank saving alone would hang the save
+        if threading.current_thread() is threading.main_thread() and jax.process_count() == 1:
+            for s in (signal.SIGINT, signal.SIGTERM):
+                self._old[s] = signal.signal(s, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for s, old in self._old.items():
+            signal.signal(s, old)
