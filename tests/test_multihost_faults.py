@@ -54,7 +54,7 @@ def test_a_rank_that_raises_ends_the_job_within_seconds_with_its_own_error(tmp_p
     assert proc.returncode == 1, out[-3000:]
     assert "[rank 1] ValueError: rank one broke: shard 7 is missing" in out
     assert "[launch] rank 1 exited with status 1" in out
-    assert "[launch] rank 1's last line: ValueError: rank one broke: shard 7 is missing" in out
+    assert "[launch] rank 1's error: ValueError: rank one broke: shard 7 is missing" in out
     assert "passed a barrier" not in out
     assert took < 15 + 10, (took, out[-2000:])  # 15 s after start-up (~10 s of imports)
 

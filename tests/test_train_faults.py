@@ -190,14 +190,19 @@ def test_token_files_that_would_train_on_garbage_are_refused(tmp_path, ids, matc
     assert rc == 2 and match in _one_line_error(err)
 
 
-def test_an_unwritable_output_folder_is_one_line_within_seconds(tmp_path):
-    blocker = tmp_path / "a-file"
-    blocker.write_text("not a folder")
+@pytest.mark.parametrize("where", ["under-a-file", "read-only"])
+def test_an_unwritable_output_folder_is_one_line_within_seconds(tmp_path, where):
+    if where == "under-a-file":
+        blocker = tmp_path / "a-file"
+        blocker.write_text("not a folder")
+        out, reason = blocker / "run", "Not a directory"
+    else:  # sysfs refuses new folders even to root (chmod does not stop root)
+        out, reason = pathlib.Path("/sys/shardkit-run"), "Operation not permitted"
     t0 = time.monotonic()
-    rc, _, err = _train(tmp_path, "--out", str(blocker / "run"), "--steps", "2")
+    rc, _, err = _train(tmp_path, "--out", str(out), "--steps", "2")
     assert rc == 2 and time.monotonic() - t0 < 60
     line = _one_line_error(err)
-    assert "Not a directory" in line and "fix:" in line
+    assert reason in line and "fix:" in line
 
 
 def _small_files():

@@ -246,7 +246,23 @@ def _quiet_background_errors() -> None:
     printed as they happen: the save's error reaches the command, which prints it once."""
     logging.getLogger("absl").setLevel(logging.CRITICAL)
     threading.excepthook = lambda args: None
+    sys.unraisablehook = lambda args: None
+
+
+def entry() -> None:
+    """The `shardkit` program: `main`, then a failing command exits at once.
+
+    After a failure has been printed in one line, background threads that are still winding
+    down (an asynchronous checkpoint save that failed, its event loop) could print their own
+    tracebacks or keep the process alive; the process ends without waiting for them.
+    """
+    code = main()
+    if code and "--debug" not in sys.argv[1:]:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
 
 
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    entry()

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -73,14 +74,19 @@ def _describe(code: int) -> str:
     return f"exited with status {code}"
 
 
+_ERROR_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)\b(:|$)")
+
+
 def _pump(rank: int, stream, out: TextIO, lock: threading.Lock, last: dict) -> None:
     for line in iter(stream.readline, ""):
         end = "" if line.endswith("\n") else "\n"  # a last line without a newline
         with lock:
             out.write(f"[rank {rank}] {line}{end}")
             out.flush()
-        if line.strip():
-            last[rank] = line.strip()
+        text = line.strip()
+        # a rank's error line (`ValueError: ...`) wins over later lines (JAX's traceback note)
+        if text and (_ERROR_LINE.match(text) or not _ERROR_LINE.match(last.get(rank, ""))):
+            last[rank] = text
     stream.close()
 
 
@@ -176,7 +182,7 @@ def launch(
     for t in pumps:
         t.join(timeout=5)
     if failed is not None and failed[0] in last:  # its error, once its output is all read
-        say(f"rank {failed[0]}'s last line: {last[failed[0]][:300]}")
+        say(f"rank {failed[0]}'s error: {last[failed[0]][:300]}")
     return 0 if failed is None else _status(failed[1])
 
 
