@@ -227,3 +227,15 @@ def test_fsdp_gathers_one_layer_at_a_time_with_block_remat():
     # temporaries (gathered weights, activations, gradient buffers) stay well below one
     # full copy of the weights: layers are never all gathered at once
     assert compiled.memory_analysis().temp_size_in_bytes < 0.8 * full
+
+
+def test_a_mesh_without_the_strategys_axes_is_an_error_not_a_silent_replica():
+    from shardkit.mesh import make_mesh
+
+    with pytest.raises(ValueError, match=r"FSDP\(fsdp=-1, zero=3\) splits over mesh axis 'fsdp', "
+                       r"which the mesh \{'x': 8\} lacks.*fix:"):  # fmt: skip
+        gpt_trainer(FSDP(), mesh=make_mesh({"x": 8}, axis_types="auto"))
+    with pytest.raises(ValueError, match=r"'data' and 'tensor'"):
+        gpt_trainer(Hybrid(data=2, tensor=4), mesh=make_mesh({"fsdp": 8}, axis_types="auto"))
+    one = gpt_trainer(DataParallel(), mesh=make_mesh({"x": 1}, devices=jax.devices()[:1]))
+    assert one.mesh.size == 1  # nothing to split on one device: allowed
