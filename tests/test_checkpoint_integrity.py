@@ -208,7 +208,19 @@ def test_bucket_urls_stay_urls_and_local_paths_become_absolute(tmp_path, monkeyp
     assert str(checkpoint_path("gs://bucket/run")) == "gs://bucket/run"
     assert str(checkpoint_path("s3://bucket/run/ckpt")) == "s3://bucket/run/ckpt"
     assert str(checkpoint_path("rel/ckpt")) == str(tmp_path / "rel" / "ckpt")
+    assert str(checkpoint_path(f"file://{tmp_path}/a%20b")) == str(tmp_path / "a b")
     assert not (tmp_path / "gs:").exists()
+
+
+def test_a_file_url_checkpoint_saves_and_restores_where_it_names(tmp_path):
+    ckpt = Checkpointer(f"file://{tmp_path}/url-ckpt", save_every=2)
+    saved = run(make(), ckpt, 2)
+    ckpt.close()
+    assert sorted(p.name for p in (tmp_path / "url-ckpt").iterdir()) == ["1", "2"]
+    ckpt = Checkpointer(f"file://{tmp_path}/url-ckpt")
+    for a, b in zip(host(ckpt.restore(make())), saved[2], strict=True):
+        np.testing.assert_array_equal(a, b)
+    ckpt.close()
 
 
 def test_old_checkpoints_without_digests_still_restore_with_a_warning(tmp_path):

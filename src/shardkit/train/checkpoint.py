@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 import pathlib
+import urllib.parse
 import warnings
 from collections.abc import Mapping
 from typing import Any
@@ -61,14 +62,17 @@ class CheckpointRejectedWarning(ShardkitError, UserWarning):
 
 
 def checkpoint_path(directory: str | pathlib.Path | epath.Path) -> epath.Path:
-    """The checkpoint directory as an `etils.epath.Path`: "gs://", "s3://" or local (absolute).
+    """The checkpoint directory as an `etils.epath.Path`: "gs://", "s3://" (orbax writes
+    there through tensorstore), "file://" URLs and plain paths (local, absolute).
 
     Example:
         >>> str(checkpoint_path("gs://bucket/run"))
         'gs://bucket/run'
     """
     text = str(directory)
-    if "://" in text:
+    if text.startswith("file://"):  # a local filesystem URL: the path it names
+        text = urllib.parse.unquote(urllib.parse.urlparse(text).path)
+    elif "://" in text:
         return epath.Path(text)
     return epath.Path(pathlib.Path(text).absolute())
 
