@@ -58,7 +58,8 @@ class NonFiniteStateError(ShardkitError, ValueError):
 
 
 class CheckpointRejectedWarning(ShardkitError, UserWarning):
-    """A checkpoint failed its check on restore and was moved aside; an older one is used."""
+    """A checkpoint was not restored as it is: it failed its check (moved aside, an older one
+    used instead), or it has no digests to check (written by an earlier shardkit)."""
 
 
 def checkpoint_path(directory: str | pathlib.Path | epath.Path) -> epath.Path:
