@@ -18,6 +18,8 @@ import threading
 from typing import Any
 
 import jax
+import numpy as np
+from jax.experimental import multihost_utils
 
 from shardkit.errors import ShardkitError, ShardkitValueError
 from shardkit.train.checkpoint import Checkpointer, NonFiniteStateError
@@ -59,6 +61,8 @@ def claim_output(cfg: TrainConfig) -> tuple[TrainConfig, str | None]:
         n = 2
         while pathlib.Path(f"{cfg.out}-{n}").exists():
             n += 1
+        if jax.process_count() > 1:  # process 0 may have made its folder already: its choice
+            n = int(multihost_utils.broadcast_one_to_all(np.int32(n)))
         new = dataclasses.replace(cfg, out=f"{cfg.out}-{n}")
         return new, (
             f"{cfg.out} holds an earlier run's checkpoints; this run writes to {new.out} "
