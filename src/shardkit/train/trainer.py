@@ -52,6 +52,23 @@ class BatchSizeError(ShardkitError, ValueError):
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
 
+def _check_arguments(grad_accum: Any, compute_dtype: Any, nonfinite: Any) -> None:
+    if not isinstance(grad_accum, int) or grad_accum < 1:
+        raise ShardkitValueError(
+            f"grad_accum={grad_accum!r} must be an int >= 1; fix: grad_accum=1."
+        )
+    if compute_dtype not in _DTYPES:
+        raise ShardkitValueError(
+            f"compute_dtype={compute_dtype!r} is not one of {sorted(_DTYPES)}; "
+            "fix: compute_dtype='bfloat16' for mixed precision."
+        )
+    if nonfinite not in (None, "stop", "skip"):
+        raise ShardkitValueError(
+            f"nonfinite={nonfinite!r} is not None, 'stop' or 'skip'; fix: nonfinite='stop' "
+            "(report the gradient norm so the loop can stop) or 'skip' (drop such updates)."
+        )
+
+
 class Trainer:
     """Trains a model with a parallelism strategy on a device mesh.
 
@@ -109,20 +126,7 @@ class Trainer:
         batch_size: int | None = None,
         nonfinite: str | None = None,
     ):
-        if not isinstance(grad_accum, int) or grad_accum < 1:
-            raise ShardkitValueError(
-                f"grad_accum={grad_accum!r} must be an int >= 1; fix: grad_accum=1."
-            )
-        if compute_dtype not in _DTYPES:
-            raise ShardkitValueError(
-                f"compute_dtype={compute_dtype!r} is not one of {sorted(_DTYPES)}; "
-                "fix: compute_dtype='bfloat16' for mixed precision."
-            )
-        if nonfinite not in (None, "stop", "skip"):
-            raise ShardkitValueError(
-                f"nonfinite={nonfinite!r} is not None, 'stop' or 'skip'; fix: nonfinite='stop' "
-                "(report the gradient norm so the loop can stop) or 'skip' (drop such updates)."
-            )
+        _check_arguments(grad_accum, compute_dtype, nonfinite)
         self.nonfinite = nonfinite
         self.model_fn, self.optimizer, self.loss_fn = model_fn, optimizer, loss_fn
         self.grad_accum, self.compute_dtype = grad_accum, compute_dtype
