@@ -22,7 +22,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from shardkit.errors import ShardkitError, ShardkitValueError
-from shardkit.train.checkpoint import Checkpointer, NonFiniteStateError
+from shardkit.train.checkpoint import Checkpointer, NonFiniteStateError, checkpoint_path
 from shardkit.train.config import TrainConfig
 
 
@@ -39,7 +39,9 @@ class RunInterrupted(ShardkitError, KeyboardInterrupt):
         self.exit_code = exit_code
 
 
-def holds_checkpoints(folder: pathlib.Path) -> bool:
+def holds_checkpoints(folder: Any) -> bool:
+    """Whether `folder` (a path or a "gs://" / "s3://" URL) exists and is not empty."""
+    folder = checkpoint_path(folder)
     return folder.is_dir() and any(folder.iterdir())
 
 
@@ -51,7 +53,7 @@ def claim_output(cfg: TrainConfig) -> tuple[TrainConfig, str | None]:
     (shardkit-train-2, -3, ...); an explicit folder is refused. Returns the config to use and
     a line saying what happened (None when nothing did).
     """
-    folder = pathlib.Path(cfg.checkpoints)
+    folder = checkpoint_path(cfg.checkpoints)
     if cfg.resume or not holds_checkpoints(folder):
         return cfg, None
     if cfg.overwrite:

@@ -10,7 +10,6 @@ import dataclasses
 import json
 import math
 import pathlib
-import shutil
 import signal
 import time
 import warnings
@@ -37,7 +36,12 @@ from shardkit.models import GPT, GPTConfig, lm_loss
 from shardkit.plan import Transformer
 from shardkit.plan.hardware import hardware_for
 from shardkit.strategies import Auto, from_name
-from shardkit.train.checkpoint import Checkpointer, CheckpointRejectedWarning, NonFiniteStateError
+from shardkit.train.checkpoint import (
+    Checkpointer,
+    CheckpointRejectedWarning,
+    NonFiniteStateError,
+    checkpoint_path,
+)
 from shardkit.train.config import TrainConfig
 from shardkit.train.data import ReverseTask, TokenFile
 from shardkit.train.guard import (
@@ -342,8 +346,8 @@ def _show_set_up(run: _Run) -> None:
 def _start(run: _Run) -> tuple[Checkpointer, dict, Any]:
     """The checkpoint folder (checked fresh, or resumed from) and the first state."""
     cfg = run.cfg
-    if run.primary and cfg.overwrite and holds_checkpoints(pathlib.Path(cfg.checkpoints)):
-        shutil.rmtree(cfg.checkpoints)  # asked for by --overwrite
+    if run.primary and cfg.overwrite and holds_checkpoints(cfg.checkpoints):
+        checkpoint_path(cfg.checkpoints).rmtree()  # asked for by --overwrite (local or bucket)
         run.say(f"[bold]overwrite[/] removed the previous run's checkpoints in {cfg.checkpoints}")
     if jax.process_count() > 1:
         multihost_utils.sync_global_devices("shardkit train: checkpoint folder ready")
@@ -502,7 +506,7 @@ def train(cfg: TrainConfig, *, console: Any = None, quiet: bool = False) -> RunR
     """
     cfg, moved = claim_output(cfg)
     lock = RunLock(cfg.checkpoints)
-    if jax.process_index() == 0:
+    if jax.process_index() == 0 and "://" not in cfg.checkpoints:  # no O_EXCL in a bucket
         lock.acquire()
     ckpt = None
     try:
