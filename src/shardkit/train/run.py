@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import json
@@ -341,6 +342,11 @@ def _show_set_up(run: _Run) -> None:
     if not run.quiet:
         _print_table(run.console, run.layout, "parameter layouts")
         say(run.lint_report.summary())
+        kinds = collections.Counter(p.how for p in trainer.opt_placement)
+        say(
+            "[bold]optimizer[/] state leaves: "
+            + ", ".join(f"{n} {k}" for k, n in sorted(kinds.items()))
+        )
 
 
 def _start(run: _Run) -> tuple[Checkpointer, dict, Any]:

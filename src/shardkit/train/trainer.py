@@ -34,6 +34,7 @@ from shardkit.models.common import logical_axes
 from shardkit.placement import constrain_tree
 from shardkit.strategies import Auto, Strategy
 from shardkit.strategies.core import drop_axis
+from shardkit.train.opt_specs import optimizer_state_specs
 from shardkit.train.pipelined import pipeline_loss_and_grads, pipeline_of
 
 
@@ -179,13 +180,9 @@ class Trainer:
                 is_leaf=lambda x: isinstance(x, P),
             )
         abstract_opt = jax.eval_shape(optimizer.init, self.abstract_params)
-        self.opt_specs = optax.tree_map_params(
-            optimizer,
-            lambda _, spec: spec,
-            abstract_opt,
-            self._opt_param_specs,
-            transform_non_params=lambda _: P(),
-            is_leaf=lambda x: isinstance(x, P),
+        # placed by path and shape, so any optax state works (masked, factored, counters)
+        self.opt_specs, self.opt_placement = optimizer_state_specs(
+            abstract_opt, self.abstract_params, self._opt_param_specs, dict(bound.axis_sizes)
         )
         specs = TrainState(P(), self.param_specs, self.opt_specs)
         self.state_shardings = self._named(specs)
