@@ -223,3 +223,16 @@ def test_a_failing_checkpoint_write_is_one_line_and_the_process_exits(tmp_path):
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr[-3000:]
     line = _one_line_error(proc.stderr)
     assert "File too large" in line and "fix: free space" in line and "--resume" in line
+
+
+def test_the_metrics_log_keeps_only_the_rows_a_run_continues(tmp_path):
+    from shardkit.train.guard import MetricsLog
+
+    path = tmp_path / "metrics.jsonl"
+    log = MetricsLog(path)
+    for step in (10, 20, 30):
+        log.write({"step": step, "loss": 1.0 / step})
+    MetricsLog(path, start=20)  # resumed from step 20: step 30 will be logged again
+    assert [json.loads(x)["step"] for x in path.read_text().splitlines()] == [10, 20]
+    MetricsLog(path)  # a fresh run (--overwrite): its own history only
+    assert path.read_text() == ""

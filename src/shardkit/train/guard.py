@@ -106,12 +106,25 @@ def interrupted(ckpt: Checkpointer, meta: dict, state: Any, signum: int) -> RunI
 
 
 class MetricsLog:
-    """Appends each logged row to a JSON Lines file (None: nothing written)."""
+    """Appends each logged row to a JSON Lines file (None: nothing written).
 
-    def __init__(self, path: pathlib.Path | None):
+    A run that starts at step `start` keeps only the earlier rows already in the file: none
+    for a fresh run, those up to the checkpoint it resumed from otherwise (a run killed after
+    its last checkpoint logged steps that the resumed run logs again).
+    """
+
+    def __init__(self, path: pathlib.Path | None, *, start: int = 0):
         self.path = path
-        if path is not None:
-            path.parent.mkdir(parents=True, exist_ok=True)
+        if path is None:
+            return
+        path.parent.mkdir(parents=True, exist_ok=True)
+        kept = []
+        if start and path.exists():
+            for line in path.read_text().splitlines():
+                with contextlib.suppress(ValueError, KeyError, TypeError):
+                    if json.loads(line)["step"] <= start:
+                        kept.append(line + "\n")
+        path.write_text("".join(kept))
 
     def write(self, row: dict) -> None:
         if self.path is not None:

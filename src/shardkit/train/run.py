@@ -390,7 +390,7 @@ def _loop(run: _Run, ckpt: Checkpointer, meta: dict, state: Any):
     run.say(f"[bold]compiled[/] training step in {compile_s:.1f} s")
 
     history = History()
-    log = MetricsLog(pathlib.Path(cfg.out) / "metrics.jsonl" if run.primary else None)
+    log = MetricsLog(pathlib.Path(cfg.out) / "metrics.jsonl" if run.primary else None, start=start)
     tokens_per_step = cfg.batch * run.model_cfg.seq_len
     window_t, window_n = time.perf_counter(), 0
     with (
