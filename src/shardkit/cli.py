@@ -194,8 +194,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 0
-    if not args.debug:
-        _quiet_background_errors()
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt as e:  # a run stopped by SIGINT/SIGTERM after saving (or Ctrl-C)
@@ -256,8 +254,11 @@ def entry() -> None:
     down (an asynchronous checkpoint save that failed, its event loop) could print their own
     tracebacks or keep the process alive; the process ends without waiting for them.
     """
+    debug = "--debug" in sys.argv[1:]
+    if not debug:  # the program's own process: a library caller of `main` keeps its hooks
+        _quiet_background_errors()
     code = main()
-    if code and "--debug" not in sys.argv[1:]:
+    if code and not debug:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
