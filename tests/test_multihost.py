@@ -272,6 +272,7 @@ def test_device_counts_that_do_not_divide_the_mesh(capsys):
 
 
 def test_bad_arguments_are_refused_before_anything_starts():
+    jax.devices()  # the backend is running (run alone, no earlier test has started it)
     with pytest.raises(DistributedError, match="give all three or none"):
         skd.initialize("127.0.0.1:5000")
     with pytest.raises(DistributedError, match=r"process_id=2 with num_processes=2: need 0 <="):

@@ -172,10 +172,8 @@ def launch(
         failed = _watch(procs, timeout, say, ended)
     if failed is not None and failed[0] >= 0:
         rank, code = failed
-        # the ranks still running when it failed (a rank that dies of the broken collective a
-        # moment later counts as stopped because of it)
-        others = [i for i, p in enumerate(procs)
-                  if i != rank and ended.get(i, float("inf")) > ended[rank]]  # fmt: skip
+        # the other ranks that did not succeed: stopped here, or ended by the broken collective
+        others = [i for i, p in enumerate(procs) if i != rank and p.returncode != 0]
         say(f"rank {rank} {_describe(code)}" + (f"; stopping ranks {others}" if others else ""))
     if failed is not None and any(p.poll() is None for p in procs):
         _stop(procs, grace)
@@ -221,8 +219,15 @@ def _watch(
 
     def first_failure() -> tuple[int, int] | None:
         bad = [r for r in list(ended) if procs[r].returncode]
-        return min(((r, procs[r].returncode) for r in bad), key=lambda x: ended[x[0]],
-                   default=None)  # fmt: skip
+        if not bad:
+            return None
+        # ranks whose collective broke because another died end a moment later, sometimes
+        # seen first: let the others' exits arrive, then blame a rank killed by a signal (an
+        # outside cause) before one that exited with an error, the earliest of each
+        time.sleep(0.5)
+        bad = [r for r in list(ended) if procs[r].returncode]
+        return min(((r, procs[r].returncode) for r in bad),
+                   key=lambda x: (x[1] >= 0, ended[x[0]]))  # fmt: skip
 
     try:
         while any(p.poll() is None for p in procs):
