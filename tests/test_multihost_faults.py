@@ -59,6 +59,37 @@ def test_a_rank_that_raises_ends_the_job_within_seconds_with_its_own_error(tmp_p
     assert took < 15 + 10, (took, out[-2000:])  # 15 s after start-up (~10 s of imports)
 
 
+# rank 0 reports a lost peer and exits at once; rank 1, the cause, fails a moment later
+VICTIM_FIRST = textwrap.dedent(
+    """
+    import os, sys, time
+    rank = int(os.environ["SHARDKIT_PROCESS_ID"])
+    if rank == 0:
+        print("jax.errors.JaxRuntimeError: UNKNOWN: Gloo AllGather failed: Connection reset "
+              "by peer [127.0.0.1]:4242", flush=True)
+        sys.exit(1)
+    time.sleep(0.3)
+    print("KeyError: 'embed/kernel' is missing from the checkpoint", flush=True)
+    sys.exit(3)
+    """
+)
+
+
+def test_the_rank_blamed_is_the_cause_not_the_peer_that_lost_it(tmp_path):
+    import io
+
+    from shardkit.distributed.launch import launch
+
+    script = tmp_path / "victim_first.py"
+    script.write_text(VICTIM_FIRST)
+    out = io.StringIO()
+    status = launch([sys.executable, str(script)], processes=2, out=out)
+    text = out.getvalue()
+    assert status == 3, text
+    assert "[launch] rank 1 exited with status 3" in text, text
+    assert "[launch] rank 1's error: KeyError: 'embed/kernel' is missing" in text, text
+
+
 SLEEPS = textwrap.dedent(
     """
     import time, shardkit.distributed as skd

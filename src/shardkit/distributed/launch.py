@@ -74,6 +74,18 @@ def _describe(code: int) -> str:
     return f"exited with status {code}"
 
 
+# signals that come from outside a rank (an operator, the OOM killer, a scheduler), unlike
+# SIGABRT or SIGSEGV, which a rank raises itself
+_OUTSIDE_SIGNALS = frozenset(
+    {signal.SIGKILL, signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT}
+)
+# an error that says a peer went away: the rank saw another's failure, it is not the cause
+_PEER_LOST = re.compile(
+    r"connection (closed|reset|refused)|by peer|broken pipe|socket closed|heartbeat"
+    r"|coordination service|barrier timed out|deadline_exceeded|unavailable:"
+    r"|gloo \w+ failed|task .* (has )?(died|disconnected)",
+    re.IGNORECASE,
+)
 _ERROR_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)\b(:|$)")
 
 
@@ -169,7 +181,7 @@ def launch(
 
     ended: dict[int, float] = {}  # rank -> when it exited, seen by a thread waiting on it
     with _terminate_as_interrupt():
-        failed = _watch(procs, timeout, say, ended)
+        failed = _watch(procs, timeout, say, ended, pumps, last)
     if failed is not None and failed[0] >= 0:
         rank, code = failed
         # the other ranks that did not succeed: stopped here, or ended by the broken collective
@@ -202,11 +214,16 @@ def _terminate_as_interrupt():
 
 
 def _watch(
-    procs: list[subprocess.Popen], timeout: float | None, say, ended: dict[int, float]
+    procs: list[subprocess.Popen],
+    timeout: float | None,
+    say,
+    ended: dict[int, float],
+    pumps: list[threading.Thread],
+    last: dict[int, str],
 ) -> tuple[int, int] | None:
-    """Waits for the ranks: ``(rank, status)`` of the first to fail (rank -1 for a timeout,
+    """Waits for the ranks: ``(rank, status)`` of the rank to blame (rank -1 for a timeout,
     status 124, or Ctrl-C, 130), or None when all succeeded. `ended` gets each rank's exit
-    time."""
+    time; `pumps` and `last` are the ranks' output readers and last lines."""
     failed: tuple[int, int] | None = None
     start = time.monotonic()
 
@@ -221,20 +238,24 @@ def _watch(
         bad = [r for r in list(ended) if procs[r].returncode]
         if not bad:
             return None
-        # ranks whose collective broke because another died end a moment later, sometimes
-        # seen first: let the others' exits arrive, then blame a rank killed by a signal (an
-        # outside cause) before one that exited with an error, the earliest of each
+        # A rank's death breaks the others' collectives a moment later, and on a loaded host
+        # the survivors' exits are sometimes seen first. So let the exits and the failing
+        # ranks' output arrive, then blame, in order: a rank killed from outside (SIGKILL,
+        # SIGTERM, ...), a rank whose error is its own rather than a lost peer, the earliest.
         time.sleep(0.5)
+        deadline = time.monotonic() + 2.0
+        for r in [r for r in list(ended) if procs[r].returncode]:
+            pumps[r].join(timeout=max(0.0, deadline - time.monotonic()))
         bad = [r for r in list(ended) if procs[r].returncode]
         return min(((r, procs[r].returncode) for r in bad),
-                   key=lambda x: (x[1] >= 0, ended[x[0]]))  # fmt: skip
+                   key=lambda x: (-x[1] not in _OUTSIDE_SIGNALS,
+                                  bool(_PEER_LOST.search(last.get(x[0], ""))),
+                                  ended[x[0]]))  # fmt: skip
 
     try:
         while any(p.poll() is None for p in procs):
             failed = first_failure()
             if failed is not None:
-                # a rank's death breaks the others' collectives a moment later: the rank to
-                # blame is the one that ended first
                 return failed
             time.sleep(0.02)
             if timeout is not None and time.monotonic() - start > timeout:
