@@ -234,6 +234,10 @@ class LintReport:
     leaves: list[LeafLayout]
     mesh_sizes: dict[str, int] | None
     top: int = field(default=5, repr=False)
+    # decisions worth knowing that are not problems (e.g. unannotated biases replicated)
+    notes: list[str] = field(default_factory=list)
+    # how each optimizer-state leaf was placed: rows with path, spec, how, param
+    optimizer: list[Any] = field(default_factory=list)
 
     @property
     def errors(self) -> list[LintFinding]:
@@ -295,6 +299,16 @@ class LintReport:
             f"{n_err} error{'s' * (n_err != 1)}",
             f"{n_warn} warning{'s' * (n_warn != 1)}",
         ]
+        if self.notes:
+            parts.append(f"{len(self.notes)} note{'s' * (len(self.notes) != 1)}")
+        if self.optimizer:
+            kinds: dict[str, int] = {}
+            for row in self.optimizer:
+                kinds[row.how] = kinds.get(row.how, 0) + 1
+            parts.append(
+                "optimizer state "
+                + ", ".join(f"{n} {how}" for how, n in sorted(kinds.items()))
+            )
         return "lint: " + ", ".join(parts)
 
     def to_dict(self) -> dict[str, Any]:
@@ -306,6 +320,11 @@ class LintReport:
             "replicated_fraction": self.replicated_fraction,
             "redundant_fraction": self.redundant_fraction,
             "findings": [f.__dict__ for f in self.findings],
+            "notes": list(self.notes),
+            "optimizer": [
+                {"path": r.path, "spec": str(r.spec), "how": r.how, "param": r.param}
+                for r in self.optimizer
+            ],
             "leaves": [
                 {**leaf.__dict__, "spec": None if leaf.spec is None else str(leaf.spec)}
                 for leaf in self.leaves
@@ -316,6 +335,12 @@ class LintReport:
         lines = [self.summary()]
         for f in self.findings:
             lines.append(f"  {f}")
+        lines += [f"  [note] {n}" for n in self.notes]
+        if self.optimizer:
+            lines.append("  optimizer state:")
+            for r in self.optimizer:
+                after = f" (after {r.param})" if r.param else ""
+                lines.append(f"    {r.path}  {r.how}  {r.spec}{after}")
         reps = self.largest_replicated()
         if reps:
             lines.append("  largest replicated leaves:")

@@ -10,6 +10,8 @@ from flax import nnx
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from shardkit.leaves import logical_names
+
 
 def param(init: Any, key: jax.Array, shape: tuple[int, ...], names: tuple[str | None, ...]):
     """Creates an `nnx.Param` holding `init(key, shape)` with logical axis `names`.
@@ -49,9 +51,7 @@ def logical_axes(model_or_state: Any) -> dict:
         node = out
         for k in keys[:-1]:
             node = node.setdefault(k, {})
-        meta = variable.get_metadata() if isinstance(variable, nnx.Variable) else {}
-        names = meta.get("out_sharding")
-        node[keys[-1]] = tuple(names) if names else None
+        node[keys[-1]] = logical_names(variable)
     return out
 
 

@@ -27,12 +27,15 @@ from jax.sharding import PartitionSpec as P
 
 from shardkit.common import path_str
 from shardkit.errors import ShardkitValueError
-from shardkit.linter import UnmatchedLeafError
+from shardkit.linter import UnmatchedLeafError, lint
 from shardkit.mesh import fill_rest, make_mesh
 from shardkit.strategies.bound import BoundStrategy, ExpectedCollectives
 from shardkit.strategies.pipeline import Pipeline
 
 TENSOR_NAMES = ("mlp", "heads", "vocab")  # logical names split by tensor parallelism
+# mesh-axis names that annotations written for a hand-made mesh use for the tensor axis
+# (Flax's guides annotate `(None, "model")`): they split over "tensor" too
+TENSOR_AXIS_NAMES = ("model", "tensor")
 NEVER_SHARDED = ("layers",)  # the stacked-layer axis is scanned over, never split
 
 
@@ -234,14 +237,16 @@ def _resolve(n_devices: int, sizes: Mapping[str, int]) -> dict[str, int]:
 
 
 def _map_specs(strategy, params, mesh, logical, *, for_optimizer: bool):
+    flat, treedef = jax.tree_util.tree_flatten_with_path(params)
+    names = [None] * len(flat) if logical is None else _flatten_up_to(treedef, logical)
     rules = getattr(strategy, "rules", None)
     if rules is not None:  # a shardkit.Rules gives the layouts (validated against the mesh)
-        specs = rules.specs(params, mesh)
+        specs = _rule_specs(rules, flat, names, mesh)
+        lint(params, jax.tree_util.tree_unflatten(treedef, specs), mesh).raise_if_errors()
+        specs = jax.tree_util.tree_unflatten(treedef, specs)
         if strategy.zero == 1 and not for_optimizer:
             specs = jax.tree.map(strategy.compute_spec, specs, is_leaf=lambda x: isinstance(x, P))
         return specs
-    flat, treedef = jax.tree_util.tree_flatten_with_path(params)
-    names = [None] * len(flat) if logical is None else _flatten_up_to(treedef, logical)
     specs = [
         leaf_spec(
             strategy,
@@ -253,7 +258,49 @@ def _map_specs(strategy, params, mesh, logical, *, for_optimizer: bool):
         )
         for (path, leaf), nm in zip(flat, names, strict=True)
     ]
+    _check_tensor_names(strategy, mesh, names)
     return jax.tree_util.tree_unflatten(treedef, specs)
+
+
+def _rule_specs(rules, flat, names, mesh) -> list[P]:
+    """Each leaf's spec from `rules`: a matching path rule, else its annotation's names
+    translated by `rules.logical`, else the default. A strategy axis ("data", "fsdp",
+    "tensor", "stage") that the mesh lacks has size 1 there (the mesh drops such axes), so
+    it is dropped from the spec: one Rules serves every degree."""
+    absent = {"data", "fsdp", "tensor", "stage"} - set(dict(mesh.shape))
+    out = []
+    for (path, leaf), nm in zip(flat, names, strict=True):
+        where = path_str(path)
+        match = rules.match(where)
+        spec = match.spec
+        if match.source in (None, "default") and nm:
+            spec = rules.translate(P(*nm))
+        if spec is None:
+            raise UnmatchedLeafError(
+                f"leaf {where!r} (shape {tuple(leaf.shape)}) is matched by no rule of {rules!r}"
+                " and has no axis names; fix: add a rule for it, e.g. "
+                f"({where.split('/')[-1]!r}, P()), or Rules(..., default=P())."
+            )
+        for axis in absent:
+            spec = P(*(drop_axis(e, axis) for e in spec))
+        out.append(spec)
+    return out
+
+
+def _check_tensor_names(strategy, mesh, names) -> None:
+    """Tensor parallelism over names none of which it knows would replicate every weight."""
+    if _size(mesh, "tensor") == 1 or getattr(strategy, "tensor_rules", None) is not None:
+        return
+    found = sorted({n for nm in names if nm for n in nm if n is not None})
+    if not found or set(found) & set(TENSOR_NAMES + TENSOR_AXIS_NAMES):
+        return
+    raise UnmatchedLeafError(
+        f"{strategy!r} splits dims named {', '.join(TENSOR_NAMES)} (or the mesh axis names "
+        f"{', '.join(TENSOR_AXIS_NAMES)}) over 'tensor', but the model's parameters are "
+        f"annotated only with {found}: every weight would be replicated; fix: annotate the "
+        "column-parallel dims 'mlp' / 'heads' / 'vocab' (e.g. ('embed', 'mlp')), or pass "
+        "Hybrid(tensor=..., rules=shardkit.Rules([...])) mapping your names to mesh axes."
+    )
 
 
 def _flatten_up_to(treedef, tree):
@@ -281,7 +328,7 @@ def leaf_spec(strategy, path: str, shape: tuple[int, ...], names, mesh, *, for_o
 
 def _tensor_dim(strategy, path, shape, names, tensor):
     if names:
-        for logical in TENSOR_NAMES:
+        for logical in TENSOR_NAMES + TENSOR_AXIS_NAMES:
             if logical in names:
                 dim = names.index(logical)
                 if shape[dim] % tensor == 0:
@@ -290,11 +337,14 @@ def _tensor_dim(strategy, path, shape, names, tensor):
         return None
     rules = getattr(strategy, "tensor_rules", None)
     if rules is None:
+        if len(shape) <= 1:  # a norm scale or bias without names: replicated (a lint note)
+            return None
         raise UnmatchedLeafError(
             f"leaf {path!r} (shape {shape}) has no logical axis names and {strategy!r} has no "
             "tensor_rules, so tensor parallelism cannot tell which dim to split; fix: annotate "
-            "the parameter (nnx.Param(..., out_sharding=('embed', 'mlp'), eager_sharding=False))"
-            " or pass tensor_rules=((r'<path regex>', <dim or None>), ..., (r'.*', None))."
+            "the parameter (kernel_init=nnx.with_partitioning(init, ('embed', 'mlp')) in NNX, "
+            "nn.with_logical_partitioning in Linen) or pass tensor_rules=((r'<path regex>', "
+            "<dim or None>), ..., (r'.*', None))."
         )
     for pattern, dim in rules:
         if re.search(pattern, path):
@@ -403,6 +453,7 @@ class DataParallel(_Base):
     """
 
     data: int = -1
+    rules: Any = None  # a shardkit.Rules giving every layout (see Hybrid)
 
     def __post_init__(self):
         _check_degrees({"data": self.data})
@@ -430,6 +481,7 @@ class FSDP(_Base):
 
     fsdp: int = -1
     zero: int = 3
+    rules: Any = None  # a shardkit.Rules giving every layout (see Hybrid)
 
     def __post_init__(self):
         _check_zero(self.zero)
@@ -458,6 +510,7 @@ class TensorParallel(_Base):
 
     tensor: int = -1
     tensor_rules: tuple[tuple[str, int | None], ...] | None = None
+    rules: Any = None  # a shardkit.Rules giving every layout (see Hybrid)
 
     def __post_init__(self):
         _check_degrees({"tensor": self.tensor})

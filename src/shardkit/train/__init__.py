@@ -25,6 +25,7 @@ _EXPORTS = {
     "Trainer": "shardkit.train.trainer",
     "TrainState": "shardkit.train.trainer",
     "BatchSizeError": "shardkit.train.trainer",
+    "Linen": "shardkit.train.adapters",
     "Checkpointer": "shardkit.train.checkpoint",
     "CheckpointMismatchError": "shardkit.train.checkpoint",
     "CheckpointCorruptError": "shardkit.train.checkpoint",

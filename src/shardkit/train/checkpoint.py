@@ -229,7 +229,7 @@ class Checkpointer:
                 f"checkpoint step {step} in {self.directory} holds NaN or Inf in "
                 f"{', '.join(bad[:3])}"
             )
-        return TrainState(out["step"], out["params"], out["opt_state"])
+        return TrainState(out["step"], out["params"], out["opt_state"], out.get("model_state"))
 
     def _shardkit_entry(self, step: int) -> dict | None:
         """shardkit's metadata entry of `step` (None for checkpoints written before digests)."""
@@ -322,7 +322,10 @@ class Checkpointer:
 
 
 def _as_dict(state: TrainState) -> dict:
-    return {"step": state.step, "params": state.params, "opt_state": state.opt_state}
+    out = {"step": state.step, "params": state.params, "opt_state": state.opt_state}
+    if state.model_state is not None:  # BatchNorm statistics, RNG streams
+        out["model_state"] = state.model_state
+    return out
 
 
 def _shapes(tree) -> dict[str, tuple]:
@@ -331,6 +334,9 @@ def _shapes(tree) -> dict[str, tuple]:
     )[0]
     out = {}
     for path, leaf in flat:
+        dtype = getattr(leaf, "dtype", None)
+        if dtype is not None and jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):
+            leaf = jax.eval_shape(jax.random.key_data, leaf)  # saved as its key data
         shape = getattr(leaf, "shape", None)
         out[path_str(path)] = tuple(shape) if shape is not None else ()
     return out

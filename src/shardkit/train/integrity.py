@@ -33,6 +33,8 @@ def _bits(x: jax.Array) -> jax.Array:
     No reshape: an array split over Explicit mesh axes keeps its layout, and each device sums
     its own part.
     """
+    if jnp.issubdtype(x.dtype, jax.dtypes.prng_key):  # a typed PRNG key: its key data
+        x = jax.random.key_data(x)
     if x.dtype == jnp.bool_:
         return x.astype(jnp.uint32)
     size = x.dtype.itemsize
@@ -58,7 +60,7 @@ def _leaf_digest(x: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
     rotated = (bits << 7) | (bits >> 25)
     mixed = (rotated ^ (i * jnp.uint32(0x9E3779B9))) * jnp.uint32(0x85EBCA6B)
     s2 = jnp.sum(mixed, dtype=jnp.uint32)
-    inexact = jnp.issubdtype(x.dtype, jnp.inexact)
+    inexact = jnp.issubdtype(x.dtype, jnp.inexact)  # (a PRNG key is not)
     finite = jnp.all(jnp.isfinite(x)) if inexact else jnp.bool_(True)
     return s1, s2, finite
 

@@ -5,7 +5,6 @@
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import dataclasses
 import json
@@ -31,7 +30,6 @@ from shardkit.errors import ShardkitValueError
 from shardkit.inspection import inspect
 from shardkit.inspection.hlo import collective_counts
 from shardkit.layout import spec_notation
-from shardkit.linter import lint
 from shardkit.mesh import describe_mesh
 from shardkit.models import GPT, GPTConfig, lm_loss
 from shardkit.plan import Transformer
@@ -311,7 +309,7 @@ def _set_up(cfg: TrainConfig, console: Any, quiet: bool) -> _Run:
         model_cfg=model_cfg,
         why=trainer.strategy_reason or f"chosen with --strategy {cfg.strategy}",
         layout=layout_rows(trainer),
-        lint_report=lint(trainer.abstract_params, trainer.param_specs, trainer.mesh),
+        lint_report=trainer.lint(),
         pipe_rows=pipe_rows,
     )
 
@@ -341,12 +339,9 @@ def _show_set_up(run: _Run) -> None:
         say(f"[bold]pipeline[/] {key}: {value}")
     if not run.quiet:
         _print_table(run.console, run.layout, "parameter layouts")
-        say(run.lint_report.summary())
-        kinds = collections.Counter(p.how for p in trainer.opt_placement)
-        say(
-            "[bold]optimizer[/] state leaves: "
-            + ", ".join(f"{n} {k}" for k, n in sorted(kinds.items()))
-        )
+        say(escape(run.lint_report.summary()))
+        for note in run.lint_report.notes:
+            say("[bold]note[/]     " + escape(note))
 
 
 def _start(run: _Run) -> tuple[Checkpointer, dict, Any]:

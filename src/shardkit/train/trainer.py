@@ -1,7 +1,10 @@
 """`Trainer`: sharded init, a jitted, donated training step, and batch placement.
 
-The state is a `TrainState(step, params, opt_state)` of plain pytrees (params as a pure dict
-for Flax NNX models), so orbax saves it and any mesh can restore it.
+The state is a `TrainState(step, params, opt_state, model_state)` of plain pytrees (params
+as a pure dict for Flax NNX models), so orbax saves it and any mesh can restore it. The model
+may be Flax NNX, Flax Linen (`Linen(module, variables)`), Equinox or a parameter pytree (see
+`shardkit.train.adapters`); its non-trained state (BatchNorm statistics, Dropout's RNG
+streams) is `model_state`, replicated, updated by each step.
 
 Layouts come from a strategy: parameters and optimizer state get the strategy's specs, the
 batch its batch spec. Inside the step, parameters are cast to the compute dtype, then laid out
@@ -18,6 +21,7 @@ layers split over "stage", so checkpoints restore across a change of stage count
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
@@ -25,25 +29,28 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from shardkit.common import path_str
 from shardkit.errors import ShardkitError, ShardkitValueError
-from shardkit.models.common import logical_axes
+from shardkit.linter import LintReport, lint
 from shardkit.placement import constrain_tree
 from shardkit.strategies import Auto, Strategy
 from shardkit.strategies.core import drop_axis
+from shardkit.train.adapters import abstract_model, cast_like, split_model
 from shardkit.train.opt_specs import optimizer_state_specs
 from shardkit.train.pipelined import pipeline_loss_and_grads, pipeline_of
 
 
 class TrainState(NamedTuple):
-    """Training state: step counter, parameters and optimizer state (all sharded arrays)."""
+    """Training state: step counter, parameters, optimizer state and the model's non-trained
+    state (BatchNorm statistics, RNG streams; None when it has none), all sharded arrays."""
 
     step: jax.Array
     params: Any
     opt_state: Any
+    model_state: Any = None
 
 
 class BatchSizeError(ShardkitError, ValueError):
@@ -75,10 +82,12 @@ class Trainer:
 
     Args:
         model_fn: `key -> model`; returns an `nnx.Module` (parameters are its `nnx.Param`s,
-            logical axis names read from their metadata) or a plain parameter pytree.
+            axis names read from their metadata, other variables are state),
+            `shardkit.train.Linen(module, variables)`, an `equinox.Module`, or a plain
+            parameter pytree. Flax's eager sharding is off while it runs.
         optimizer: an optax `GradientTransformation` (schedules welcome).
         loss_fn: `(model, batch) -> loss` or `(loss, metrics dict)`; for plain pytrees `model`
-            is the parameter pytree.
+            is the parameter pytree, for Linen a callable running `module.apply`.
         strategy: a strategy from `shardkit.strategies` (default `Auto()`).
         mesh: a mesh with the strategy's axis names; default `strategy.make_mesh(devices)`.
         devices: devices for the default mesh (default all).
@@ -94,14 +103,14 @@ class Trainer:
             unchanged and reports `skipped` = 1).
 
     Raises:
-        ValueError: for non-Param state in an NNX model, grad_accum < 1 or an unknown dtype;
-            with pipeline stages: a mesh without "stage", a model without `pipeline_stages`,
-            a layer count the stages do not divide, or grad_accum > 1.
+        ValueError: for a model_fn result that is no model, grad_accum < 1 or an unknown
+            dtype; with pipeline stages: a model with non-trained state, a mesh without
+            "stage", a model without `pipeline_stages`, a layer count the stages do not
+            divide, or grad_accum > 1.
 
     Example:
         >>> import optax
-        >>> from flax import nnx
-        >>> from shardkit.models import MLP, classification_loss
+        >>>         >>> from shardkit.models import MLP, classification_loss
         >>> from shardkit.strategies import DataParallel
         >>> trainer = Trainer(lambda k: MLP((16, 32, 4), rngs=nnx.Rngs(k)), optax.adam(1e-3),
         ...                   classification_loss, strategy=DataParallel())
@@ -131,14 +140,13 @@ class Trainer:
         self.nonfinite = nonfinite
         self.model_fn, self.optimizer, self.loss_fn = model_fn, optimizer, loss_fn
         self.grad_accum, self.compute_dtype = grad_accum, compute_dtype
-        # graphdef: the NNX model's structure (None for a pure-function model), merged with
-        # parameters to rebuild the model inside the step
-        model = _abstract_model(model_fn)
-        self.graphdef, self.abstract_params, self.logical = (
-            model.graphdef,
-            model.params,
-            model.logical,
-        )
+        # the model's kind (NNX, Linen, Equinox, pytree) splits it into parameters and
+        # non-trained state and binds them back for loss_fn inside the step
+        model = abstract_model(model_fn)
+        self.kind = model.kind
+        self.graphdef = getattr(model.kind, "graphdef", None)  # NNX structure, else None
+        self.abstract_params, self.logical = model.params, model.logical
+        self.abstract_model_state = model.state
         self.strategy_reason = ""
         strategy = Auto() if strategy is None else strategy
         if isinstance(strategy, Auto):  # the planner chooses, as `shardkit train --strategy auto`
@@ -184,15 +192,31 @@ class Trainer:
         self.opt_specs, self.opt_placement = optimizer_state_specs(
             abstract_opt, self.abstract_params, self._opt_param_specs, dict(bound.axis_sizes)
         )
-        specs = TrainState(P(), self.param_specs, self.opt_specs)
+        # non-trained state (BatchNorm statistics, RNG keys and counters) is small: replicated
+        self.model_state_specs = jax.tree.map(lambda _: P(), self.abstract_model_state)
+        if self.pipeline is not None and self.abstract_model_state is not None:
+            raise ShardkitValueError(
+                f"the model holds non-trained state ({_describe_state(model.state)}), which "
+                "pipeline stages do not carry; fix: train it without pipeline stages, or "
+                "without BatchNorm / stored RNG streams."
+            )
+        specs = TrainState(P(), self.param_specs, self.opt_specs, self.model_state_specs)
         self.state_shardings = self._named(specs)
         self.abstract_state = jax.tree.map(
             lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-            TrainState(jax.ShapeDtypeStruct((), jnp.int32), self.abstract_params, abstract_opt),
+            TrainState(
+                jax.ShapeDtypeStruct((), jnp.int32),
+                self.abstract_params,
+                abstract_opt,
+                self.abstract_model_state,
+            ),
             self.state_shardings,
         )
         self._compiled: dict = {}
         self._init = None
+        self.auto_axes: tuple[str, ...] = ()  # mesh axes the model runs with as Auto
+        # what the Trainer decided for this model that is not a problem, for the lint report
+        self.notes: list[str] = _layout_notes(self)
         # several processes on XLA:CPU: keep at most two steps in flight (see `step`)
         self._bounded_dispatch = jax.process_count() > 1 and jax.default_backend() == "cpu"
         self._in_flight = None
@@ -200,6 +224,14 @@ class Trainer:
             self.place_batch({"x": np.zeros((batch_size, 1))})  # raises BatchSizeError
 
     # -- layouts --------------------------------------------------------------------------
+    def lint(self) -> LintReport:
+        """The parameter layouts checked (`shardkit.lint`), with the Trainer's notes and how
+        each optimizer-state leaf was placed (`report.optimizer`)."""
+        report = lint(self.abstract_params, self.param_specs, self.mesh)
+        report.notes = list(self.notes)
+        report.optimizer = list(self.opt_placement)
+        return report
+
     def _named(self, specs):
         return jax.tree.map(
             lambda s: NamedSharding(self.mesh, s), specs, is_leaf=lambda x: isinstance(x, P)
@@ -332,8 +364,10 @@ class Trainer:
 
     # -- init -----------------------------------------------------------------------------
     def _init_fn(self, key):
-        params = _params_of(self.model_fn(key))
-        return TrainState(jnp.zeros((), jnp.int32), params, self.optimizer.init(params))
+        params, model_state = split_model(self.kind, self.model_fn, key)
+        return TrainState(
+            jnp.zeros((), jnp.int32), params, self.optimizer.init(params), model_state
+        )
 
     def compiled_init(self):
         """The compiled initializer (born sharded via `out_shardings`); see `memory_analysis`."""
@@ -355,18 +389,26 @@ class Trainer:
     def _constrain(self, tree, specs):
         return constrain_tree(tree, self.mesh, specs)
 
-    def _loss(self, params, batch):
+    def _loss(self, params, batch, model_state=None, *, train=True):
+        """(loss, (metrics, model state after the call)) of `loss_fn` on the bound model."""
         dtype = _DTYPES[self.compute_dtype]
         params = jax.tree.map(lambda p: p.astype(dtype) if p.dtype == jnp.float32 else p, params)
-        if self.graphdef is None:
-            model = self._constrain(params, self.compute_specs)  # FSDP all-gather
-        else:
-            model = nnx.merge(self.graphdef, self._constrain(params, self._upfront_specs))
+        params = self._constrain(params, self._upfront_specs)  # FSDP all-gather
+
+        def run(params, batch, model_state):
+            model = self.kind.bind(params, model_state, train=train)
             if self._layer_specs is not None and hasattr(model, "layer_layout"):
                 model.layer_layout = self._layer_layout
-        out = self.loss_fn(model, batch)
-        loss, metrics = out if isinstance(out, tuple) else (out, {})
-        return loss.astype(jnp.float32), dict(metrics)
+            out = self.loss_fn(model, batch)
+            loss, metrics = out if isinstance(out, tuple) else (out, {})
+            if model_state is not None:
+                model_state = cast_like(self.kind.state_of(model), model_state)
+            return loss.astype(jnp.float32), dict(metrics), model_state
+
+        if self.auto_axes:  # see `_lowered`: results come back replicated
+            run = jax.sharding.auto_axes(run, axes=self.auto_axes, out_sharding=P())
+        loss, metrics, model_state = run(params, batch, model_state)
+        return loss, (metrics, model_state)
 
     def _layer_layout(self, layer_state):
         """Per-layer all-gather inside the scan: constrain one layer's weights for compute."""
@@ -375,47 +417,57 @@ class Trainer:
         assert len(leaves) == len(specs), (len(leaves), len(specs))
         return treedef.unflatten(self._constrain(leaves, specs))
 
-    def loss_and_grads(self, params: Any, batch: Mapping[str, Any]):
+    def loss_and_grads(self, params: Any, batch: Mapping[str, Any], model_state: Any = None):
         """(loss, gradients) of `params` on a batch placed with `place_batch`: the value the
         training step applies, pipelined when the strategy has stages (for tests and audits).
+        `model_state` is the model's non-trained state (`state.model_state`), if it has any.
         """
         key = ("grads",) + tuple(sorted((k, tuple(np.shape(v))) for k, v in batch.items()))
         if key not in self._compiled:
-            self._compiled[key] = jax.jit(self._loss_and_grads)
-        return self._compiled[key](params, dict(batch))
+            self._compiled[key] = self._lowered(
+                jax.jit(lambda p, b, m: self._loss_and_grads(p, b, m)[0::2]),
+                params, dict(batch), model_state,
+            ).compile()  # fmt: skip
+        return self._compiled[key](params, dict(batch), model_state)
 
-    def _loss_and_grads(self, params, batch):
+    def _loss_and_grads(self, params, batch, model_state=None):
+        """((loss, metrics), model state after the step, gradients)."""
         if self.pipeline is not None:
             loss, grads = pipeline_loss_and_grads(self, params, batch)
             metrics = {}
         else:
-            (loss, metrics), grads = self._accumulated_grads(params, batch)
+            (loss, (metrics, model_state)), grads = self._accumulated_grads(
+                params, batch, model_state
+            )
         grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, params)
-        return (loss, metrics), grads
+        return (loss, metrics), model_state, grads
 
-    def _accumulated_grads(self, params, batch):
+    def _accumulated_grads(self, params, batch, model_state):
         grad_fn = jax.value_and_grad(self._loss, has_aux=True)
         if self.grad_accum == 1:
-            return grad_fn(params, batch)
+            return grad_fn(params, batch, model_state)
 
         def micro(carry, mb):
-            (loss, metrics), grads = grad_fn(params, mb)
-            acc = jax.tree.map(jnp.add, carry, (loss, metrics, grads))
-            return acc, None
+            loss, metrics, grads, mstate = carry
+            (l, (m, mstate)), g = grad_fn(params, mb, mstate)  # state flows micro-batch to next
+            loss, metrics, grads = jax.tree.map(jnp.add, (loss, metrics, grads), (l, m, g))
+            return (loss, metrics, grads, mstate), None
 
-        zeros = jax.tree.map(
+        first = jax.tree.map(lambda x: x[0], batch)
+        (loss, (metrics, _)), grads = jax.tree.map(
             lambda x: jnp.zeros(x.shape, jnp.float32),
-            jax.eval_shape(grad_fn, params, jax.tree.map(lambda x: x[0], batch)),
+            jax.eval_shape(grad_fn, params, first, model_state),
         )
-        (loss, metrics), grads = zeros
-        zeros = (loss, metrics, self._constrain(grads, self._opt_param_specs))
-        (loss, metrics, grads), _ = jax.lax.scan(micro, zeros, batch)
+        zeros = (loss, metrics, self._constrain(grads, self._opt_param_specs), model_state)
+        (loss, metrics, grads, model_state), _ = jax.lax.scan(micro, zeros, batch)
         scale = 1.0 / self.grad_accum
         loss, metrics, grads = jax.tree.map(lambda x: x * scale, (loss, metrics, grads))
-        return (loss, metrics), grads
+        return (loss, (metrics, model_state)), grads
 
     def _step_fn(self, state: TrainState, batch):
-        (loss, metrics), grads = self._loss_and_grads(state.params, batch)
+        (loss, metrics), model_state, grads = self._loss_and_grads(
+            state.params, batch, state.model_state
+        )
         grads = self._constrain(grads, self._opt_param_specs)
         updates, opt_state = self.optimizer.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
@@ -428,8 +480,9 @@ class Trainer:
                 keep = lambda new, old: jnp.where(ok, new, old)  # noqa: E731
                 params = jax.tree.map(keep, params, state.params)
                 opt_state = jax.tree.map(keep, opt_state, state.opt_state)
+                model_state = jax.tree.map(keep, model_state, state.model_state)
                 metrics["skipped"] = (~ok).astype(jnp.int32)
-        return TrainState(state.step + 1, params, opt_state), metrics
+        return TrainState(state.step + 1, params, opt_state, model_state), metrics
 
     def jit_step(self, batch_shardings: Mapping[str, Any]):
         """The training step under `jax.jit`, as `compile_step` compiles it: state donated,
@@ -458,18 +511,71 @@ class Trainer:
                 k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=v.sharding)
                 for k, v in batch.items()
             }
-            self._compiled[key] = jitted.lower(self.abstract_state, abstract_batch).compile()
+            self._compiled[key] = self._lowered(jitted, self.abstract_state, abstract_batch)
+            self._compiled[key] = self._compiled[key].compile()
         return self._compiled[key]
 
+    def _lowered(self, jitted, *args):
+        """`jitted.lower(*args)`. On an Explicit mesh, a model whose code JAX cannot type
+        there (a contraction over "tensor" or a scatter without `out_sharding=`, as most
+        models written for Auto meshes have) is traced again with "tensor" as an Auto axis
+        (`jax.sharding.auto_axes`), and if that is not enough with every axis Auto inside
+        `loss_fn`: the compiler then places those collectives; the state keeps its layouts.
+        """
+        while True:
+            try:
+                with self._mesh_context():
+                    return jitted.lower(*args)
+            except Exception as e:  # noqa: BLE001 - JAX's ShardingTypeError has no public name
+                axes = self._next_auto_axes() if type(e).__name__ == "ShardingTypeError" else None
+                if axes is None:
+                    raise
+                self.auto_axes = axes
+                self.notes.append(
+                    f"loss_fn runs with mesh axes {list(axes)} as Auto (jax.sharding.auto_axes):"
+                    f" the model does not type-check on the Explicit mesh "
+                    f"({str(e).splitlines()[0][:160]}); parameters, optimizer state and batch "
+                    "keep their Explicit layouts"
+                )
+                self._compiled.clear()
+
+    def _next_auto_axes(self) -> tuple[str, ...] | None:
+        if not self.explicit:
+            return None
+        every = tuple(self.mesh.axis_names)
+        if not self.auto_axes and self.bound.size("tensor") > 1:
+            return ("tensor",)
+        return every if self.auto_axes != every else None
+
+    def _mesh_context(self):
+        return jax.set_mesh(self.mesh) if self.auto_axes else contextlib.nullcontext()
+
     def evaluate(self, params: Any, batch: Mapping[str, Any]) -> dict:
-        """Loss and metrics of `params` on a batch placed with `place_batch(..., for_eval=True)`."""
+        """Loss and metrics on a batch placed with `place_batch(..., for_eval=True)`.
+
+        Args:
+            params: the parameters (`state.params`), or the whole `TrainState`, which a model
+                with non-trained state (BatchNorm statistics) needs. The model runs in
+                evaluation mode (NNX `model.eval()`, Equinox inference mode).
+        """
+        model_state = None
+        if isinstance(params, TrainState):
+            params, model_state = params.params, params.model_state
+        elif self.abstract_model_state is not None:
+            raise ShardkitValueError(
+                "evaluate(params, ...) of a model with non-trained state "
+                f"({_describe_state(self.abstract_model_state)}); fix: pass the whole state, "
+                "trainer.evaluate(state, batch)."
+            )
         key = ("eval",) + tuple(sorted((k, tuple(np.shape(v))) for k, v in batch.items()))
         if key not in self._compiled:
-            self._compiled[key] = jax.jit(
-                lambda p, b: _merge_metrics(self._loss(p, b)),
+            jitted = jax.jit(
+                lambda p, b, m: _merge_metrics(self._loss(p, b, m, train=False)),
                 out_shardings=NamedSharding(self.mesh, P()),
             )
-        return self._compiled[key](params, dict(batch))
+            self._compiled[key] = self._lowered(jitted, params, dict(batch), model_state)
+            self._compiled[key] = self._compiled[key].compile()
+        return self._compiled[key](params, dict(batch), model_state)
 
     def step(self, state: TrainState, batch: Mapping[str, Any]):
         """Runs one training step; `state` is donated. Returns (new_state, metrics).
@@ -518,44 +624,35 @@ def _is_stack(params, logical) -> bool:
 
 
 def _merge_metrics(out):
-    loss, metrics = out
+    loss, (metrics, _) = out
     return {"loss": loss, **metrics}
 
 
-def _params_of(model):
-    if isinstance(model, nnx.Module):
-        _, params, rest = nnx.split(model, nnx.Param, ...)
-        if jax.tree.leaves(rest):
-            raise ShardkitValueError(
-                "the model holds non-Param state "
-                f"({', '.join(sorted({type(v).__name__ for v in jax.tree.leaves(rest)}))}), "
-                "which Trainer does not carry; fix: keep only nnx.Param variables (no "
-                "BatchNorm statistics or stored Rngs) or pass a plain parameter pytree."
-            )
-        return nnx.to_pure_dict(params)
-    return model
+def _describe_state(state: Any) -> str:
+    """`batch_stats/bn/mean, rngs/dropout` ...: the first few state paths."""
+    paths = [path_str(p) for p, _ in jax.tree_util.tree_flatten_with_path(state)[0]]
+    return ", ".join(paths[:4]) + (f" and {len(paths) - 4} more" if len(paths) > 4 else "")
 
 
-class _AbstractModel(NamedTuple):
-    graphdef: Any  # the NNX model's structure; None for a plain parameter pytree
-    params: Any  # ShapeDtypeStructs
-    logical: Any  # logical axis names per leaf, or None
-    config: Any  # the model's `cfg` when it is a GPTConfig-like value (for the planner)
-
-
-def _abstract_model(model_fn) -> _AbstractModel:
-    found: dict = {}
-
-    def build(key):
-        model = model_fn(key)
-        if isinstance(model, nnx.Module):
-            graphdef, _, _ = nnx.split(model, nnx.Param, ...)
-            found["graphdef"] = graphdef
-            found["logical"] = logical_axes(model)
-            cfg = getattr(model, "cfg", None)
-            if hasattr(cfg, "n_layers") and hasattr(cfg, "d_model"):
-                found["config"] = cfg
-        return _params_of(model)
-
-    params = jax.eval_shape(build, jax.random.key(0))
-    return _AbstractModel(found.get("graphdef"), params, found.get("logical"), found.get("config"))
+def _layout_notes(trainer) -> list[str]:
+    """Unannotated 1-D parameters (norm scales, biases) that tensor parallelism replicates."""
+    strategy = trainer.strategy
+    if trainer.bound.size("tensor") == 1 or getattr(strategy, "tensor_rules", None) is not None:
+        return []
+    if getattr(strategy, "rules", None) is not None:
+        return []
+    flat = jax.tree_util.tree_flatten_with_path(trainer.abstract_params)[0]
+    names = (
+        jax.tree.structure(trainer.abstract_params).flatten_up_to(trainer.logical)
+        if trainer.logical is not None
+        else [None] * len(flat)
+    )
+    small = [path_str(p) for (p, x), n in zip(flat, names) if n is None and len(x.shape) <= 1]
+    if not small:
+        return []
+    more = f" and {len(small) - 3} more" if len(small) > 3 else ""
+    return [
+        f"{len(small)} unannotated 1-D parameters ({', '.join(small[:3])}{more}) are "
+        "replicated over 'tensor'; annotate them (e.g. bias_init=nnx.with_partitioning(init, "
+        "('mlp',))) to split them"
+    ]

@@ -1,0 +1,284 @@
+"""A user's model, whatever library wrote it, as trained parameters plus non-trained state.
+
+`Trainer` takes `model_fn: key -> model` and `loss_fn(model, batch)`. The model may be:
+
+* a Flax NNX `nnx.Module`: parameters are its `nnx.Param`s; everything else it holds
+  (BatchNorm statistics, Dropout's RNG key and counter, any `nnx.Variable`) is non-trained
+  state, carried through the step and checkpointed. Built with Flax's eager sharding off, so
+  `nnx.with_partitioning` / `nnx.Param(..., sharding=...)` need no mesh context;
+* `Linen(module, variables, rngs=...)` for Flax Linen: the `params` collection is trained,
+  the other collections (`batch_stats`, ...) and the RNG streams are state; `loss_fn` gets a
+  callable that runs `module.apply` with the current variables;
+* an Equinox module: its floating-point arrays are trained, its other arrays are state;
+* any other pytree of arrays: the parameters themselves (`loss_fn(params, batch)`).
+
+Each kind is a `ModelKind`: `split(model) -> (params, state)` and `bind(params, state) ->
+what loss_fn gets`, and `state_of(bound)` the state after loss_fn ran. Typed PRNG keys in the
+state are kept as typed arrays (orbax saves them).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from shardkit.errors import ShardkitValueError
+from shardkit.models.common import logical_axes
+
+try:  # optional: Equinox models are accepted when Equinox is installed
+    import equinox as eqx
+except ImportError:  # pragma: no cover - equinox is a test dependency
+    eqx = None
+
+__all__ = ["Linen", "ModelKind", "Abstract", "abstract_model", "kind_of"]
+
+
+# -- Linen ------------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class Linen:
+    """A Flax Linen module with its variables, for `Trainer`'s `model_fn`.
+
+    Args:
+        module: the `flax.linen.Module`.
+        variables: `module.init(...)`'s result. Boxed leaves from
+            `nn.with_logical_partitioning` / `nn.with_partitioning` give the axis names.
+        rngs: RNG streams `module.apply` needs in training, name -> key (e.g.
+            `{"dropout": key}`); each call splits its key, so every step draws new masks.
+
+    In `loss_fn(model, batch)`, `model(*args, **kwargs)` is `module.apply(variables, *args,
+    rngs=..., mutable=[the non-params collections], **kwargs)`'s output; the updated
+    collections become the new state. `model.variables` are the current variables.
+
+    Example:
+        >>> import flax.linen as nn
+        >>> module = nn.Dense(4)
+        >>> trainer = Trainer(lambda k: Linen(module, module.init(k, np.ones((1, 8)))),
+        ...                   optax.adam(1e-3), lambda m, b: ((m(b["x"]) - b["y"]) ** 2).mean())
+        ... # doctest: +SKIP
+    """
+
+    module: Any
+    variables: Mapping[str, Any]
+    rngs: Mapping[str, jax.Array] | None = None
+
+    def __post_init__(self):
+        if "params" not in self.variables:
+            raise ShardkitValueError(
+                f"Linen(variables=...) has collections {sorted(self.variables)} but no "
+                "'params'; fix: pass module.init(key, example_input), whose result holds "
+                "'params'."
+            )
+
+
+class _BoundLinen:
+    """What `loss_fn` gets for a Linen model: call it like the module."""
+
+    def __init__(self, module, variables, rngs):
+        self.module, self.variables, self._rngs = module, dict(variables), dict(rngs)
+
+    def __call__(self, *args, **kwargs):
+        keys = {}
+        for name, key in self._rngs.items():
+            self._rngs[name], keys[name] = jax.random.split(key)
+        mutable = [c for c in self.variables if c != "params"]
+        out = self.module.apply(self.variables, *args, rngs=keys, mutable=mutable, **kwargs)
+        if mutable:
+            out, updates = out
+            self.variables = {**self.variables, **updates}
+        return out
+
+
+# -- kinds ------------------------------------------------------------------------------------
+class ModelKind:
+    """How one library's model splits into (params, state) and binds back for `loss_fn`."""
+
+    name = "pytree"
+
+    def split(self, model: Any) -> tuple[Any, Any]:
+        return model, None
+
+    def bind(self, params: Any, state: Any, *, train: bool = True) -> Any:
+        return params
+
+    def state_of(self, bound: Any) -> Any:
+        return None
+
+    def logical(self, model: Any) -> tuple[Any, Any]:
+        """Axis names per parameter leaf and per state leaf (None where absent)."""
+        return None, None
+
+
+class _NNX(ModelKind):
+    name = "nnx"
+
+    def __init__(self, graphdef=None):
+        self.graphdef = graphdef
+
+    def split(self, model):
+        _, params, rest = nnx.split(model, nnx.Param, ...)
+        state = nnx.to_pure_dict(rest)
+        return nnx.to_pure_dict(params), (state if jax.tree.leaves(state) else None)
+
+    def bind(self, params, state, *, train=True):
+        with nnx.use_eager_sharding(False):
+            model = (
+                nnx.merge(self.graphdef, params)
+                if state is None
+                else nnx.merge(self.graphdef, params, state)
+            )
+        if not train and state is not None:
+            model.eval()  # Dropout off, BatchNorm on its running statistics
+        return model
+
+    def state_of(self, bound):
+        rest = nnx.to_pure_dict(nnx.state(bound, nnx.Not(nnx.Param)))
+        return rest if jax.tree.leaves(rest) else None
+
+    def logical(self, model):
+        return logical_axes(model), None
+
+
+class _Linen(ModelKind):
+    name = "linen"
+
+    def __init__(self, module=None):
+        self.module = module
+
+    def split(self, model: Linen):
+        import flax.linen as nn
+
+        variables = nn.unbox(dict(model.variables))
+        state = {k: v for k, v in variables.items() if k != "params"}
+        if model.rngs:
+            state["rngs"] = dict(model.rngs)
+        return variables["params"], (state or None)
+
+    def bind(self, params, state, *, train=True):
+        state = dict(state or {})
+        rngs = state.pop("rngs", {})
+        return _BoundLinen(self.module, {"params": params, **state}, rngs)
+
+    def state_of(self, bound: _BoundLinen):
+        state = {k: v for k, v in bound.variables.items() if k != "params"}
+        if bound._rngs:
+            state["rngs"] = dict(bound._rngs)
+        return state or None
+
+    def logical(self, model: Linen):
+        import flax.linen as nn
+
+        params = model.variables["params"]
+        names = jax.tree.map(
+            lambda x: tuple(x.names) if isinstance(x, nn.Partitioned) else None,
+            params,
+            is_leaf=lambda x: isinstance(x, nn.Partitioned),
+        )
+        return names, None
+
+
+class _Equinox(ModelKind):
+    name = "equinox"
+
+    def __init__(self, static=None):
+        self.static = static
+
+    def split(self, model):
+        params, rest = eqx.partition(model, eqx.is_inexact_array)
+        state, _ = eqx.partition(rest, eqx.is_array)
+        return params, (state if jax.tree.leaves(state) else None)
+
+    def bind(self, params, state, *, train=True):
+        model = eqx.combine(params, self.static) if state is None else eqx.combine(
+            params, state, self.static
+        )
+        return model if train else eqx.nn.inference_mode(model)
+
+    def logical(self, model):
+        return None, None
+
+
+def kind_of(model: Any) -> ModelKind:
+    """The `ModelKind` of a model object (its static part filled in by `abstract_model`)."""
+    if isinstance(model, nnx.Module):
+        return _NNX()
+    if isinstance(model, Linen):
+        return _Linen()
+    if eqx is not None and isinstance(model, eqx.Module):
+        return _Equinox()
+    _check_pytree(model)
+    return ModelKind()
+
+
+def _check_pytree(model: Any) -> None:
+    leaves = jax.tree_util.tree_flatten_with_path(model)[0]
+    for path, leaf in leaves:
+        if not isinstance(leaf, (jax.Array, jax.ShapeDtypeStruct)) and not hasattr(
+            leaf, "dtype"
+        ):
+            where = jax.tree_util.keystr(path) or "the model"
+            raise ShardkitValueError(
+                f"model_fn returned {type(model).__name__} whose leaf {where} is "
+                f"{type(leaf).__name__}, not an array; fix: return an nnx.Module, "
+                "shardkit.train.Linen(module, variables), an equinox.Module, or a pytree of "
+                "arrays (the parameters, with loss_fn(params, batch))."
+            )
+    if not leaves:
+        raise ShardkitValueError(
+            f"model_fn returned {type(model).__name__} with no arrays to train; fix: return "
+            "the model (nnx.Module, Linen(...), equinox.Module) or its parameter pytree."
+        )
+
+
+class Abstract(NamedTuple):
+    """A model traced without allocating: its kind, shapes and axis names."""
+
+    kind: ModelKind
+    params: Any  # ShapeDtypeStructs
+    state: Any  # ShapeDtypeStructs of the non-trained state, or None
+    logical: Any  # axis names per parameter leaf, or None
+    config: Any  # the model's `cfg` when it looks like a GPTConfig (for the planner)
+
+
+def abstract_model(model_fn: Callable[[jax.Array], Any]) -> Abstract:
+    """Traces `model_fn` once (`jax.eval_shape`) and returns its kind, shapes and names."""
+    found: dict = {}
+
+    def build(key):
+        with nnx.use_eager_sharding(False):
+            model = model_fn(key)
+        kind = kind_of(model)
+        if isinstance(kind, _NNX):
+            kind.graphdef = nnx.split(model, nnx.Param, ...)[0]
+            cfg = getattr(model, "cfg", None)
+            if hasattr(cfg, "n_layers") and hasattr(cfg, "d_model"):
+                found["config"] = cfg
+        elif isinstance(kind, _Linen):
+            kind.module = model.module
+        elif isinstance(kind, _Equinox):
+            kind.static = eqx.filter(model, eqx.is_array, inverse=True)
+        found["kind"] = kind
+        found["logical"] = kind.logical(model)[0]
+        return kind.split(model)
+
+    params, state = jax.eval_shape(build, jax.random.key(0))
+    return Abstract(found["kind"], params, state, found["logical"], found.get("config"))
+
+
+def split_model(kind: ModelKind, model_fn: Callable[[jax.Array], Any], key) -> tuple[Any, Any]:
+    """(params, state) of `model_fn(key)`, built with Flax's eager sharding off."""
+    with nnx.use_eager_sharding(False):
+        return kind.split(model_fn(key))
+
+
+def cast_like(new: Any, old: Any) -> Any:
+    """`new` with each leaf in `old`'s dtype (state updated in bfloat16 stays float32)."""
+    return jax.tree.map(
+        lambda n, o: n if jnp.issubdtype(o.dtype, jax.dtypes.prng_key) else n.astype(o.dtype),
+        new,
+        old,
+    )
