@@ -381,3 +381,23 @@ def test_dropout_masks_do_not_depend_on_the_mesh():
         losses[name] = out
     np.testing.assert_allclose(losses["dp"], losses["tp"], rtol=1e-5)
     assert len(set(losses["dp"])) == STEPS  # a new mask every step
+
+
+@pytest.mark.parametrize("kind", ["equinox", "linen"])
+def test_equinox_and_linen_runs_checkpoint_and_restore_on_another_mesh(tmp_path, kind):
+    from shardkit.train import Checkpointer
+
+    model_fn, loss_fn = MODELS[kind]
+    trainer = Trainer(model_fn, optax.adam(1e-2), loss_fn, strategy=FSDP())
+    state = trainer.init(0)
+    state, _ = trainer.step(state, trainer.place_batch(next(batches())))
+    ckpt = Checkpointer(tmp_path / "c")
+    ckpt.save(state, force=True)
+    ckpt.close()
+    rules = {"tensor_rules": EQX_TP} if kind == "equinox" else {}
+    other = Trainer(model_fn, optax.adam(1e-2), loss_fn,
+                    strategy=Hybrid(data=4, tensor=2, **rules))  # fmt: skip
+    back = Checkpointer(tmp_path / "c").restore(other)
+    for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(back), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert type(back.params) is type(state.params)  # an Equinox module stays one
