@@ -74,7 +74,8 @@ def test_plain_orbax_params_of_an_nnx_model_restore_on_another_mesh_bit_exactly(
                 got = got[k.key]
             np.testing.assert_array_equal(np.asarray(got), np.asarray(leaf))  # bit-exact
             assert got.sharding.is_equivalent_to(
-                t.state_shardings.params[path[0].key][path[1].key], got.ndim)
+                t.state_shardings.params[path[0].key][path[1].key], got.ndim
+            )
         assert state.params["l1"]["kernel"].sharding.spec != P()  # restored sharded
         if saved == "nnx_state":  # the whole state: BatchNorm statistics come along
             np.testing.assert_array_equal(np.asarray(state.model_state["bn"]["mean"]),

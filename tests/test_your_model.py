@@ -328,6 +328,9 @@ def test_model_fn_returning_no_model_is_refused_naming_the_leaf():
         Trainer(lambda k: {"w": jnp.ones(3), "act": "relu"}, optax.adam(1e-3), pytree_loss)
     with pytest.raises(ValueError, match="Linen.*no 'params'.*fix"):
         Linen(LinenNet(), {"batch_stats": {}})
+    stateful = lambda k: eqx.nn.make_with_state(eqx.nn.BatchNorm)(4, "batch")  # noqa: E731
+    with pytest.raises(ValueError, match=r"equinox.nn.State.*fix"):
+        Trainer(stateful, optax.adam(1e-3), pytree_loss)
 
 
 def test_model_state_is_checkpointed_and_evaluation_uses_running_statistics(tmp_path):
@@ -362,8 +365,11 @@ def test_model_state_is_checkpointed_and_evaluation_uses_running_statistics(tmp_
     assert float(first) == float(again)
     # Flax's own eval mode gives the same number on one device
     with nnx.use_eager_sharding(False):
-        model = nnx.merge(nnx.split(NNXStateful(nnx.Rngs(0)), nnx.Param, ...)[0],
-                          jax.device_get(state.params), jax.device_get(state.model_state))
+        model = nnx.merge(
+            nnx.split(NNXStateful(nnx.Rngs(0)), nnx.Param, ...)[0],
+            jax.device_get(state.params),
+            jax.device_get(state.model_state),
+        )
     model.eval()
     np.testing.assert_allclose(float(first), float(nnx_loss(model, next(batches()))), rtol=1e-5)
 

@@ -306,8 +306,7 @@ class LintReport:
             for row in self.optimizer:
                 kinds[row.how] = kinds.get(row.how, 0) + 1
             parts.append(
-                "optimizer state "
-                + ", ".join(f"{n} {how}" for how, n in sorted(kinds.items()))
+                "optimizer state " + ", ".join(f"{n} {how}" for how, n in sorted(kinds.items()))
             )
         return "lint: " + ", ".join(parts)
 

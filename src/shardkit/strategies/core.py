@@ -45,6 +45,13 @@ class _Base:
     zero: int = 3
     pipeline: Any = None  # a `Pipeline` when the strategy has a "stage" degree
 
+    def __repr__(self) -> str:
+        # the one-axis strategies leave out `rules` when unset (their repr names them in errors)
+        fields = [f for f in dataclasses.fields(self) if f.repr]  # type: ignore[arg-type]
+        shown = [f"{f.name}={getattr(self, f.name)!r}" for f in fields
+                 if not (f.name == "rules" and self.rules is None)]  # fmt: skip
+        return f"{type(self).__name__}({', '.join(shown)})"
+
     # -- mesh -----------------------------------------------------------------------------
     def degrees(self, n_devices: int) -> dict[str, int]:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -441,7 +448,7 @@ def _check_pipeline(strategy) -> None:
         )
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
+@dataclasses.dataclass(frozen=True, kw_only=True, repr=False)
 class DataParallel(_Base):
     """Data parallelism: batch split over "data", parameters and optimizer state replicated.
 
@@ -462,7 +469,7 @@ class DataParallel(_Base):
         return _resolve(n_devices, {"data": self.data})
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
+@dataclasses.dataclass(frozen=True, kw_only=True, repr=False)
 class FSDP(_Base):
     """Fully sharded data parallelism over mesh axis "fsdp" (ZeRO-3 or ZeRO-1).
 
@@ -491,7 +498,7 @@ class FSDP(_Base):
         return _resolve(n_devices, {"fsdp": self.fsdp})
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
+@dataclasses.dataclass(frozen=True, kw_only=True, repr=False)
 class TensorParallel(_Base):
     """Megatron tensor parallelism over mesh axis "tensor"; the batch is not split.
 

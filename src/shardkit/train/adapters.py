@@ -27,6 +27,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from shardkit.common import path_str
 from shardkit.errors import ShardkitValueError
 from shardkit.models.common import logical_axes
 
@@ -193,8 +194,10 @@ class _Equinox(ModelKind):
         return params, (state if jax.tree.leaves(state) else None)
 
     def bind(self, params, state, *, train=True):
-        model = eqx.combine(params, self.static) if state is None else eqx.combine(
-            params, state, self.static
+        model = (
+            eqx.combine(params, self.static)
+            if state is None
+            else eqx.combine(params, state, self.static)
         )
         return model if train else eqx.nn.inference_mode(model)
 
@@ -215,11 +218,18 @@ def kind_of(model: Any) -> ModelKind:
 
 
 def _check_pytree(model: Any) -> None:
+    nodes = jax.tree.leaves(model, is_leaf=lambda x: eqx is not None and isinstance(
+        x, (eqx.Module, eqx.nn.State)))  # fmt: skip
+    if eqx is not None and any(isinstance(x, eqx.nn.State) for x in nodes):
+        raise ShardkitValueError(
+            f"model_fn returned {type(model).__name__} holding an equinox.nn.State (from "
+            "eqx.nn.make_with_state: BatchNorm, StateIndex), whose statistics would be "
+            "trained as parameters; fix: return an Equinox model without State (e.g. "
+            "LayerNorm for BatchNorm), or a Flax NNX / Linen model with BatchNorm."
+        )
     leaves = jax.tree_util.tree_flatten_with_path(model)[0]
     for path, leaf in leaves:
-        if not isinstance(leaf, (jax.Array, jax.ShapeDtypeStruct)) and not hasattr(
-            leaf, "dtype"
-        ):
+        if not isinstance(leaf, (jax.Array, jax.ShapeDtypeStruct)) and not hasattr(leaf, "dtype"):
             where = jax.tree_util.keystr(path) or "the model"
             raise ShardkitValueError(
                 f"model_fn returned {type(model).__name__} whose leaf {where} is "
@@ -282,3 +292,9 @@ def cast_like(new: Any, old: Any) -> Any:
         new,
         old,
     )
+
+
+def describe_state(state: Any) -> str:
+    """`batch_stats/bn/mean, rngs/dropout` ...: the first few state paths."""
+    paths = [path_str(p) for p, _ in jax.tree_util.tree_flatten_with_path(state)[0]]
+    return ", ".join(paths[:4]) + (f" and {len(paths) - 4} more" if len(paths) > 4 else "")

@@ -25,6 +25,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from shardkit.common import path_str
+from shardkit.errors import ShardkitValueError
 from shardkit.train.checkpoint import CheckpointMismatchError, checkpoint_path
 from shardkit.train.trainer import TrainState
 
@@ -152,32 +153,9 @@ def import_orbax(
     tree = getattr(meta, "item_metadata", meta)
     tree = getattr(tree, "tree", tree)
     stored = _flat(tree)
-    have = {_norm(p): p for p in stored}
 
     abstract = trainer.abstract_state
-    groups = {"params": abstract.params, "model_state": abstract.model_state}
-    matched: dict[str, str] = {}
-    missing, reshaped = [], []
-    for group, sub in groups.items():
-        want = _flat(sub)
-        found, _ = _match_group(want, have)
-        for w, leaf in want.items():
-            key = f"{group}/{w}"
-            if w not in found:
-                missing.append(key)
-            elif tuple(stored[found[w]].shape) != tuple(_stored_shape(leaf)):
-                reshaped.append((key, tuple(stored[found[w]].shape), tuple(leaf.shape)))
-            else:
-                matched[key] = found[w]
-    want_opt = _flat(abstract.opt_state)
-    found_opt, _ = _match_group(want_opt, {k: v for k, v in have.items()
-                                           if v not in matched.values()})  # fmt: skip
-    opt_ok = bool(want_opt) and all(
-        w in found_opt and tuple(stored[found_opt[w]].shape) == tuple(_stored_shape(x))
-        for w, x in want_opt.items()
-    )
-    if opt_ok:
-        matched.update({f"opt_state/{w}": found_opt[w] for w in want_opt})
+    matched, missing, reshaped, opt_ok = _match(abstract, stored)
     report = ImportReport(
         source=str(item),
         matched=matched,
@@ -214,6 +192,36 @@ def import_orbax(
         opt = jax.jit(trainer.optimizer.init, out_shardings=trainer.state_shardings.opt_state)
         state = state._replace(opt_state=opt(state.params))
     return state, report
+
+
+def _match(abstract: TrainState, stored: dict[str, Any]):
+    """(matched model path -> stored path, missing, reshaped, whether the optimizer state
+    matched whole) for a trainer's abstract state and a checkpoint's flat metadata."""
+    have = {_norm(p): p for p in stored}
+    groups = {"params": abstract.params, "model_state": abstract.model_state}
+    matched: dict[str, str] = {}
+    missing, reshaped = [], []
+    for group, sub in groups.items():
+        want = _flat(sub)
+        found, _ = _match_group(want, have)
+        for w, leaf in want.items():
+            key = f"{group}/{w}"
+            if w not in found:
+                missing.append(key)
+            elif tuple(stored[found[w]].shape) != tuple(_stored_shape(leaf)):
+                reshaped.append((key, tuple(stored[found[w]].shape), tuple(leaf.shape)))
+            else:
+                matched[key] = found[w]
+    want_opt = _flat(abstract.opt_state)
+    taken = set(matched.values())
+    found_opt, _ = _match_group(want_opt, {k: v for k, v in have.items() if v not in taken})
+    opt_ok = bool(want_opt) and all(
+        w in found_opt and tuple(stored[found_opt[w]].shape) == tuple(_stored_shape(x))
+        for w, x in want_opt.items()
+    )
+    if opt_ok:
+        matched.update({f"opt_state/{w}": found_opt[w] for w in want_opt})
+    return matched, missing, reshaped, opt_ok
 
 
 def _stored_shape(leaf) -> tuple:
@@ -277,7 +285,7 @@ def export_orbax(
     parts = {"params", "opt_state", "model_state", "step"}
     bad = sorted(set(include) - parts)
     if bad or not include:
-        raise ValueError(
+        raise ShardkitValueError(
             f"include={include!r}: {bad or 'nothing'} is not one of {sorted(parts)}; fix: "
             "include=('params',) or ('params', 'opt_state', 'model_state', 'step')."
         )

@@ -32,14 +32,14 @@ import optax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from shardkit.common import path_str
 from shardkit.errors import ShardkitError, ShardkitValueError
 from shardkit.linter import LintReport, lint
 from shardkit.placement import constrain_tree
 from shardkit.strategies import Auto, Strategy
 from shardkit.strategies.core import drop_axis
-from shardkit.train.adapters import abstract_model, cast_like, split_model
+from shardkit.train.adapters import abstract_model, cast_like, describe_state, split_model
 from shardkit.train.opt_specs import optimizer_state_specs
+from shardkit.train.param_layout import split_stacked, unannotated_notes
 from shardkit.train.pipelined import pipeline_loss_and_grads, pipeline_of
 
 
@@ -176,7 +176,7 @@ class Trainer:
         )
         # Stacked (scanned) layers are gathered one layer at a time inside the scan when the
         # model offers a `layer_layout` hook; everything else is gathered up front.
-        self._stacked_key, self._upfront_specs, self._layer_specs = _split_stacked(
+        self._stacked_key, self._upfront_specs, self._layer_specs = split_stacked(
             self.abstract_params, self.logical, self.param_specs, self.compute_specs, bound
         )
         if self.pipeline is not None and self._stacked_key is not None:
@@ -187,36 +187,12 @@ class Trainer:
                 self.param_specs[self._stacked_key],
                 is_leaf=lambda x: isinstance(x, P),
             )
-        abstract_opt = jax.eval_shape(optimizer.init, self.abstract_params)
-        # placed by path and shape, so any optax state works (masked, factored, counters)
-        self.opt_specs, self.opt_placement = optimizer_state_specs(
-            abstract_opt, self.abstract_params, self._opt_param_specs, dict(bound.axis_sizes)
-        )
-        # non-trained state (BatchNorm statistics, RNG keys and counters) is small: replicated
-        self.model_state_specs = jax.tree.map(lambda _: P(), self.abstract_model_state)
-        if self.pipeline is not None and self.abstract_model_state is not None:
-            raise ShardkitValueError(
-                f"the model holds non-trained state ({_describe_state(model.state)}), which "
-                "pipeline stages do not carry; fix: train it without pipeline stages, or "
-                "without BatchNorm / stored RNG streams."
-            )
-        specs = TrainState(P(), self.param_specs, self.opt_specs, self.model_state_specs)
-        self.state_shardings = self._named(specs)
-        self.abstract_state = jax.tree.map(
-            lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-            TrainState(
-                jax.ShapeDtypeStruct((), jnp.int32),
-                self.abstract_params,
-                abstract_opt,
-                self.abstract_model_state,
-            ),
-            self.state_shardings,
-        )
+        self._state_layouts(jax.eval_shape(optimizer.init, self.abstract_params))
         self._compiled: dict = {}
         self._init = None
         self.auto_axes: tuple[str, ...] = ()  # mesh axes the model runs with as Auto
         # what the Trainer decided for this model that is not a problem, for the lint report
-        self.notes: list[str] = _layout_notes(self)
+        self.notes: list[str] = unannotated_notes(self)
         # several processes on XLA:CPU: keep at most two steps in flight (see `step`)
         self._bounded_dispatch = jax.process_count() > 1 and jax.default_backend() == "cpu"
         self._in_flight = None
@@ -224,6 +200,30 @@ class Trainer:
             self.place_batch({"x": np.zeros((batch_size, 1))})  # raises BatchSizeError
 
     # -- layouts --------------------------------------------------------------------------
+    def _state_layouts(self, abstract_opt) -> None:
+        """Optimizer-state and model-state specs, the state's shardings and abstract state."""
+        # placed by path and shape, so any optax state works (masked, factored, counters)
+        self.opt_specs, self.opt_placement = optimizer_state_specs(
+            abstract_opt, self.abstract_params, self._opt_param_specs, dict(self.bound.axis_sizes)
+        )
+        # non-trained state (BatchNorm statistics, RNG keys and counters) is small: replicated
+        self.model_state_specs = jax.tree.map(lambda _: P(), self.abstract_model_state)
+        if self.pipeline is not None and self.abstract_model_state is not None:
+            raise ShardkitValueError(
+                f"the model holds non-trained state ({describe_state(self.abstract_model_state)})"
+                ", which pipeline stages do not carry; fix: train it without pipeline stages, "
+                "or without BatchNorm / stored RNG streams."
+            )
+        specs = TrainState(P(), self.param_specs, self.opt_specs, self.model_state_specs)
+        self.state_shardings = self._named(specs)
+        step = jax.ShapeDtypeStruct((), jnp.int32)
+        abstract = TrainState(step, self.abstract_params, abstract_opt, self.abstract_model_state)
+        self.abstract_state = jax.tree.map(
+            lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+            abstract,
+            self.state_shardings,
+        )
+
     def lint(self) -> LintReport:
         """The parameter layouts checked (`shardkit.lint`), with the Trainer's notes and how
         each optimizer-state leaf was placed (`report.optimizer`)."""
@@ -564,7 +564,7 @@ class Trainer:
         elif self.abstract_model_state is not None:
             raise ShardkitValueError(
                 "evaluate(params, ...) of a model with non-trained state "
-                f"({_describe_state(self.abstract_model_state)}); fix: pass the whole state, "
+                f"({describe_state(self.abstract_model_state)}); fix: pass the whole state, "
                 "trainer.evaluate(state, batch)."
             )
         key = ("eval",) + tuple(sorted((k, tuple(np.shape(v))) for k, v in batch.items()))
@@ -592,67 +592,6 @@ class Trainer:
         return out
 
 
-def _split_stacked(params, logical, param_specs, compute_specs, bound):
-    """Specs for the up-front gather (stacked layers left split) and per-layer compute specs.
-
-    Applies when a top-level entry of the parameters is a stack of layers: every leaf under
-    it carries the leading logical axis "layers" (as `shardkit.models.GPT`'s "blocks" do).
-    Otherwise everything is gathered up front and the per-layer specs are None.
-    """
-    if not isinstance(params, dict) or not isinstance(logical, dict):
-        return None, compute_specs, None
-    key = next((k for k in params if k in logical and _is_stack(params[k], logical[k])), None)
-    if key is None:
-        return None, compute_specs, None
-    upfront = dict(compute_specs)
-    upfront[key] = param_specs[key]  # stay split; gathered per layer inside the scan
-    layer = jax.tree.map(
-        lambda s: bound.compute_spec(P(*tuple(s)[1:])),
-        param_specs[key],
-        is_leaf=lambda x: isinstance(x, P),
-    )
-    return key, upfront, layer
-
-
-def _is_stack(params, logical) -> bool:
-    """Whether every leaf of `params` has the leading logical axis "layers"."""
-    try:
-        names = jax.tree.structure(params).flatten_up_to(logical)
-    except (ValueError, TypeError):  # the logical tree does not mirror this entry
-        return False
-    return bool(names) and all(n and n[0] == "layers" for n in names)
-
-
 def _merge_metrics(out):
     loss, (metrics, _) = out
     return {"loss": loss, **metrics}
-
-
-def _describe_state(state: Any) -> str:
-    """`batch_stats/bn/mean, rngs/dropout` ...: the first few state paths."""
-    paths = [path_str(p) for p, _ in jax.tree_util.tree_flatten_with_path(state)[0]]
-    return ", ".join(paths[:4]) + (f" and {len(paths) - 4} more" if len(paths) > 4 else "")
-
-
-def _layout_notes(trainer) -> list[str]:
-    """Unannotated 1-D parameters (norm scales, biases) that tensor parallelism replicates."""
-    strategy = trainer.strategy
-    if trainer.bound.size("tensor") == 1 or getattr(strategy, "tensor_rules", None) is not None:
-        return []
-    if getattr(strategy, "rules", None) is not None:
-        return []
-    flat = jax.tree_util.tree_flatten_with_path(trainer.abstract_params)[0]
-    names = (
-        jax.tree.structure(trainer.abstract_params).flatten_up_to(trainer.logical)
-        if trainer.logical is not None
-        else [None] * len(flat)
-    )
-    small = [path_str(p) for (p, x), n in zip(flat, names) if n is None and len(x.shape) <= 1]
-    if not small:
-        return []
-    more = f" and {len(small) - 3} more" if len(small) > 3 else ""
-    return [
-        f"{len(small)} unannotated 1-D parameters ({', '.join(small[:3])}{more}) are "
-        "replicated over 'tensor'; annotate them (e.g. bias_init=nnx.with_partitioning(init, "
-        "('mlp',))) to split them"
-    ]
