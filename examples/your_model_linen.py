@@ -54,7 +54,7 @@ def xent(logits, y):
 
 
 def loss_fn(model, batch):  # `model(...)` is module.apply with the current variables
-    return xent(model(batch["x"], train=True), batch["y"])
+    return xent(model(batch["x"], train=model.training), batch["y"])
 
 
 def model_fn(module):

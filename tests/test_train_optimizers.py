@@ -74,11 +74,12 @@ def test_any_optax_transformation_trains_under_fsdp(name):
         losses.append(float(m["loss"]))
     # float32, the same math summed in another order over 8 devices
     np.testing.assert_allclose(losses, _reference(trainer, make_opt, 3), rtol=2e-5, atol=1e-6)
-    placed = {p.path: p for p in trainer.opt_placement}
+    report = trainer.lint()  # what the linter reports is where the state lives
+    placed = {p.path: p for p in report.optimizer}
     flat = jax.tree_util.tree_flatten_with_path(state.opt_state)[0]
-    assert len(flat) == len(placed)
+    assert len(flat) == len(placed) and "optimizer state" in report.summary()
     split = 0
-    for (_key, leaf), p in zip(flat, trainer.opt_placement, strict=True):
+    for (_key, leaf), p in zip(flat, report.optimizer, strict=True):
         assert leaf.sharding.spec == p.spec, p
         split += any(e is not None for e in p.spec)
     assert split >= 1  # some optimizer state is split over 'fsdp', not all replicated

@@ -96,7 +96,7 @@ def linen_fn(key):
 
 
 def linen_loss(model, batch):
-    return xent(model(batch["x"], train=True), batch["y"])
+    return xent(model(batch["x"], train=model.training), batch["y"])
 
 
 def eqx_fn(key):
@@ -328,6 +328,8 @@ def test_model_fn_returning_no_model_is_refused_naming_the_leaf():
         Trainer(lambda k: {"w": jnp.ones(3), "act": "relu"}, optax.adam(1e-3), pytree_loss)
     with pytest.raises(ValueError, match="Linen.*no 'params'.*fix"):
         Linen(LinenNet(), {"batch_stats": {}})
+    with pytest.raises(ValueError, match=r"Linen module LinenNet without its variables.*fix"):
+        Trainer(lambda k: LinenNet(), optax.adam(1e-3), linen_loss)
     stateful = lambda k: eqx.nn.make_with_state(eqx.nn.BatchNorm)(4, "batch")  # noqa: E731
     with pytest.raises(ValueError, match=r"equinox.nn.State.*fix"):
         Trainer(stateful, optax.adam(1e-3), pytree_loss)
@@ -407,3 +409,15 @@ def test_equinox_and_linen_runs_checkpoint_and_restore_on_another_mesh(tmp_path,
     for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(back), strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     assert type(back.params) is type(state.params)  # an Equinox module stays one
+
+
+def test_linen_evaluation_uses_running_statistics():
+    trainer = Trainer(linen_fn, optax.adam(1e-2), linen_loss, strategy=Hybrid(data=4, tensor=2))
+    state = trainer.init(0)
+    for batch in batches():
+        state, _ = trainer.step(state, trainer.place_batch(batch))
+    batch = next(batches())
+    got = float(trainer.evaluate(state, trainer.place_batch(batch, for_eval=True))["loss"])
+    variables = {"params": jax.device_get(state.params), **jax.device_get(state.model_state)}
+    want = float(xent(LinenNet().apply(variables, batch["x"], train=False), batch["y"]))
+    np.testing.assert_allclose(got, want, rtol=1e-5)

@@ -23,6 +23,7 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -53,7 +54,8 @@ class Linen:
 
     In `loss_fn(model, batch)`, `model(*args, **kwargs)` is `module.apply(variables, *args,
     rngs=..., mutable=[the non-params collections], **kwargs)`'s output; the updated
-    collections become the new state. `model.variables` are the current variables.
+    collections become the new state. `model.variables` are the current variables;
+    `model.training` is False in `Trainer.evaluate` (pass it as your module's train flag).
 
     Example:
         >>> import flax.linen as nn
@@ -79,8 +81,9 @@ class Linen:
 class _BoundLinen:
     """What `loss_fn` gets for a Linen model: call it like the module."""
 
-    def __init__(self, module, variables, rngs):
+    def __init__(self, module, variables, rngs, training):
         self.module, self.variables, self._rngs = module, dict(variables), dict(rngs)
+        self.training = training  # False in `Trainer.evaluate`: pass it as your train flag
 
     def __call__(self, *args, **kwargs):
         keys = {}
@@ -151,8 +154,6 @@ class _Linen(ModelKind):
         self.module = module
 
     def split(self, model: Linen):
-        import flax.linen as nn
-
         variables = nn.unbox(dict(model.variables))
         state = {k: v for k, v in variables.items() if k != "params"}
         if model.rngs:
@@ -162,7 +163,7 @@ class _Linen(ModelKind):
     def bind(self, params, state, *, train=True):
         state = dict(state or {})
         rngs = state.pop("rngs", {})
-        return _BoundLinen(self.module, {"params": params, **state}, rngs)
+        return _BoundLinen(self.module, {"params": params, **state}, rngs, train)
 
     def state_of(self, bound: _BoundLinen):
         state = {k: v for k, v in bound.variables.items() if k != "params"}
@@ -171,8 +172,6 @@ class _Linen(ModelKind):
         return state or None
 
     def logical(self, model: Linen):
-        import flax.linen as nn
-
         params = model.variables["params"]
         names = jax.tree.map(
             lambda x: tuple(x.names) if isinstance(x, nn.Partitioned) else None,
@@ -213,6 +212,11 @@ def kind_of(model: Any) -> ModelKind:
         return _Linen()
     if eqx is not None and isinstance(model, eqx.Module):
         return _Equinox()
+    if isinstance(model, nn.Module):
+        raise ShardkitValueError(
+            f"model_fn returned the Linen module {type(model).__name__} without its variables; "
+            "fix: return shardkit.train.Linen(module, module.init(key, example_input))."
+        )
     _check_pytree(model)
     return ModelKind()
 
