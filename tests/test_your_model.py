@@ -421,3 +421,31 @@ def test_linen_evaluation_uses_running_statistics():
     variables = {"params": jax.device_get(state.params), **jax.device_get(state.model_state)}
     want = float(xent(LinenNet().apply(variables, batch["x"], train=False), batch["y"]))
     np.testing.assert_allclose(got, want, rtol=1e-5)
+
+
+class ParamSharding(nnx.Module):
+    """Variables declared with `nnx.Param(..., sharding=...)`, under Flax's defaults."""
+
+    def __init__(self, rngs):
+        self.w = nnx.Param(init(rngs.params(), (D_IN, HIDDEN)), sharding=("embed", "mlp"))
+        self.v = nnx.Param(init(rngs.params(), (HIDDEN, CLASSES)), sharding=("mlp", "embed"))
+
+    def __call__(self, x):
+        return jax.nn.relu(x @ self.w) @ self.v
+
+
+def test_nnx_param_sharding_and_sharded_model_under_flax_defaults():
+    from shardkit import make_mesh, sharded_model
+
+    trainer = Trainer(lambda k: ParamSharding(nnx.Rngs(k)), optax.adam(1e-3), nnx_loss,
+                      strategy=Hybrid(fsdp=4, tensor=2))  # fmt: skip
+    assert trainer.param_specs["w"] == P("fsdp", "tensor")
+    # outside the Trainer: built directly sharded by Rules, no mesh context needed
+    mesh = make_mesh({"data": 2, "model": 4})
+    rules = Rules(logical={"embed": None, "mlp": "model"}, default=P())
+    model = sharded_model(lambda: NNXPartitioned(nnx.Rngs(0)), rules, mesh)
+    assert model.l1.kernel[...].sharding.spec == P(None, "model")
+    assert model.norm.scale[...].sharding.spec == P()
+    with nnx.use_eager_sharding(False):
+        plain = NNXPartitioned(nnx.Rngs(0))
+    np.testing.assert_array_equal(np.asarray(model.l1.kernel[...]), plain.l1.kernel[...])

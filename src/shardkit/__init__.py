@@ -26,6 +26,7 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "ShardkitError": ("shardkit.errors", "ShardkitError"),
     "Rules": ("shardkit.rules", "Rules"),
     "shard": ("shardkit.rules", "shard"),
+    "sharded_model": ("shardkit.rules", "sharded_model"),
     "ShardingRuleError": ("shardkit.rules", "ShardingRuleError"),
     "lint": ("shardkit.linter", "lint"),
     "LintReport": ("shardkit.linter", "LintReport"),
