@@ -90,3 +90,90 @@ def test_batch_not_divisible_by_data_axes_is_reported(tmp_path, capsys):
     )
     assert code == 2
     assert "batch size 6 is not divisible by 8" in capsys.readouterr().err
+
+
+def test_train_piped_to_a_file_logs_progress_while_it_runs(tmp_path):
+    """As under SLURM: stdout is a file, and progress lines appear before the run ends."""
+    import os
+    import re
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SHARDKIT_")}
+    env.pop("XLA_FLAGS", None)
+    log = tmp_path / "slurm.log"
+    args = [sys.executable, "-m", "shardkit.cli", "train", "--steps", "5000", "--log-every", "5",
+            "--out", str(tmp_path / "run"), "--no-report"]  # fmt: skip
+    with open(log, "w") as out:
+        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=env)
+    try:
+        deadline, steps = time.monotonic() + 240, []
+        while len(steps) < 2:
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.2)
+            steps = [x for x in log.read_text().splitlines() if x.startswith("step ")]
+        assert proc.poll() is None  # still training: the lines came before the end
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=120)
+    assert re.fullmatch(r"step 5/5000  loss \d+\.\d+  acc \d\.\d+  tok/s [\d,]+  elapsed \d+s  "
+                        r"ETA \S+", steps[0]), steps[0]  # fmt: skip
+    text = log.read_text()
+    assert "━" not in steps[0] and "\x1b[" not in text  # no bar, no terminal codes in a log
+    table = [x for x in text.splitlines() if x.startswith("│ blocks/down")]
+    # the layout table is full width, not squeezed into 80 columns
+    assert table and "layers,mlp,embed" in table[0] and "16.0 KiB" in table[0], table
+    why = [x for x in text.splitlines() if x.startswith("why")]
+    assert why and len(why[0]) > 100  # long lines stay whole in a log
+
+
+def _tensorboard_scalars(folder) -> dict[str, dict[int, float]]:
+    """Reads TensorBoard event files back: TFRecord frames of `Event` protos."""
+    import pathlib
+    import struct
+
+    from tensorboardX.proto import event_pb2
+
+    out: dict[str, dict[int, float]] = {}
+    for path in pathlib.Path(folder).rglob("events.out.tfevents.*"):
+        data = path.read_bytes()
+        i = 0
+        while i < len(data):
+            (length,) = struct.unpack("<Q", data[i : i + 8])
+            event = event_pb2.Event.FromString(data[i + 12 : i + 12 + length])
+            i += 12 + length + 4  # length, its crc, the record, its crc
+            for value in event.summary.value:
+                out.setdefault(value.tag, {})[event.step] = value.simple_value
+    return out
+
+
+def test_tensorboard_scalars_and_a_profiler_trace(tmp_path, capsys):
+    import math
+    import pathlib
+
+    out, tb = tmp_path / "run", tmp_path / "tb"
+    code = main(["train", "--steps", "20", "--log-every", "5", "--out", str(out), "--no-report",
+                 "--tensorboard", str(tb), "--profile", "5:8", "--quiet"])  # fmt: skip
+    assert code == 0, capsys.readouterr().out[-2000:]
+    scalars = _tensorboard_scalars(tb)
+    assert sorted(scalars["train/loss"]) == [5, 10, 15, 20]
+    logged = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    for row in logged:  # the same numbers the run logged
+        assert math.isclose(scalars["train/loss"][row["step"]], row["loss"], rel_tol=1e-6)
+        assert math.isclose(scalars["throughput/tokens_per_s"][row["step"]], row["tokens_per_s"],
+                            rel_tol=1e-6)  # fmt: skip
+    assert all(0 < v < 1.5 for v in scalars["throughput/mfu"].values())
+    assert all(v > 0 for v in scalars["memory/bytes_per_device"].values())
+    assert "train/accuracy" in scalars
+    traces = list(pathlib.Path(out, "profile").rglob("*.xplane.pb"))
+    assert len(traces) == 1 and traces[0].stat().st_size > 0
+
+
+@pytest.mark.parametrize("bad", ["8:5", "x", "3", "4:4"])
+def test_a_bad_profile_window_is_one_line_with_the_fix(bad, tmp_path, capsys):
+    code = main(["train", "--profile", bad, "--out", str(tmp_path / "r")])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "is not START:STOP" in err and "fix: --profile 10:20" in err

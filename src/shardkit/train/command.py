@@ -45,6 +45,18 @@ _FLAGS = [
     ("--keep", "keep", int, "checkpoints to keep, at least 1 (default 3)"),
     ("--on-nonfinite", "on_nonfinite", str, "NaN/Inf loss or gradients: stop (default) or skip"),
     ("--log-every", "log_every", int, "metrics every N steps (default 10)"),
+    (
+        "--tensorboard",
+        "tensorboard",
+        str,
+        "write TensorBoard scalars (loss, tokens/s, MFU, memory) to this folder",
+    ),
+    (
+        "--profile",
+        "profile",
+        str,
+        "START:STOP: a jax.profiler trace of those steps in <out>/profile",
+    ),
 ]
 
 

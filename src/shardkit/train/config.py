@@ -75,6 +75,8 @@ class TrainConfig:
     log_every: int = 10
     eval_batches: int = 4
     report: bool = True
+    tensorboard: str | None = None  # folder for TensorBoard event files
+    profile: str | None = None  # "START:STOP": a jax.profiler trace of those steps
 
     def __post_init__(self):
         if self.precision not in _PRECISIONS:
@@ -109,6 +111,8 @@ class TrainConfig:
             raise ShardkitValueError(
                 f"microbatches={self.microbatches} must be >= 1; fix: --microbatches 8."
             )
+        if self.profile is not None:
+            parse_window(self.profile)
         if self.axis_types not in ("auto", "explicit"):
             raise ShardkitValueError(
                 f"axis_types={self.axis_types!r} is not 'auto' or 'explicit'; "
@@ -123,6 +127,27 @@ class TrainConfig:
         out = dataclasses.asdict(self)
         out["mesh"] = dict(self.mesh)
         return out
+
+
+def parse_window(text: str | None) -> tuple[int, int] | None:
+    """`"START:STOP"` -> (start, stop) steps, STOP exclusive; None for None.
+
+    Raises:
+        ShardkitValueError: not two integers with 0 <= START < STOP.
+    """
+    if text is None:
+        return None
+    parts = str(text).split(":")
+    try:
+        start, stop = (int(p) for p in parts)
+    except ValueError:
+        start, stop = -1, -1
+    if len(parts) != 2 or start < 0 or stop <= start:
+        raise ShardkitValueError(
+            f"profile={text!r} is not START:STOP steps with 0 <= START < STOP; fix: "
+            "--profile 10:20 traces steps 10 to 19."
+        )
+    return start, stop
 
 
 def load(path: str | None = None, overrides: Mapping[str, Any] | None = None) -> TrainConfig:

@@ -45,20 +45,26 @@ def host_matmul_flops(n: int = 512, repeats: int = 5) -> float:
 
 
 class Progress:
-    """A rich progress bar showing step, loss, accuracy, tokens/s and ETA (or plain lines).
+    """Training progress: a rich progress bar in a terminal, plain lines in a log.
+
+    A terminal gets the live bar (step, loss, accuracy, tokens/s, ETA). Anything else (output
+    piped to a file, a SLURM log) gets one line per update, flushed at once, so the log shows
+    progress while the run goes: ``step 40/200  loss 0.1234  tok/s 12,345  elapsed 3s  ETA 12s``.
 
     Args:
         total: steps to run.
         start: first step (when resuming).
-        console: a `rich.console.Console`; None prints plain text lines instead.
+        console: a `rich.console.Console` (its `is_terminal` picks bar or lines); None prints
+            plain lines to stdout.
         enabled: False shows nothing.
     """
 
     def __init__(self, total: int, *, start: int = 0, console: Any = None, enabled: bool = True):
         self.total, self.console, self.enabled = total, console, enabled
+        self.start, self._t0 = start, time.perf_counter()
         self._bar = None
-        if console is not None and enabled:
-            from rich.progress import (
+        if console is not None and enabled and console.is_terminal:
+            from rich.progress import (  # rich's progress widgets: only for a terminal
                 BarColumn,
                 MofNCompleteColumn,
                 TextColumn,
@@ -94,8 +100,27 @@ class Progress:
         text = "  ".join(_fmt(k, v) for k, v in stats.items())
         if self._bar is not None:
             self._bar.update(self._task, completed=step, stats=text)
+            return
+        elapsed = time.perf_counter() - self._t0
+        done = step - self.start
+        eta = elapsed / done * (self.total - step) if done > 0 else float("nan")
+        line = (
+            f"step {step}/{self.total}  {text}  elapsed {_duration(elapsed)}  ETA {_duration(eta)}"
+        )
+        if self.console is None:
+            print(line, flush=True)
         else:
-            print(f"step {step}/{self.total}  {text}", flush=True)
+            self.console.print(line, markup=False, highlight=False, soft_wrap=True)
+            self.console.file.flush()
+
+
+def _duration(seconds: float) -> str:
+    if seconds != seconds:  # NaN: not known yet
+        return "?"
+    seconds = int(round(seconds))
+    h, rest = divmod(seconds, 3600)
+    m, s = divmod(rest, 60)
+    return f"{h}h{m:02d}m{s:02d}s" if h else (f"{m}m{s:02d}s" if m else f"{s}s")
 
 
 def _fmt(key: str, value: float) -> str:

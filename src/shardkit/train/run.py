@@ -11,6 +11,7 @@ import json
 import math
 import pathlib
 import signal
+import sys
 import time
 import warnings
 from collections.abc import Callable
@@ -41,7 +42,7 @@ from shardkit.train.checkpoint import (
     NonFiniteStateError,
     checkpoint_path,
 )
-from shardkit.train.config import TrainConfig
+from shardkit.train.config import TrainConfig, parse_window
 from shardkit.train.data import ReverseTask, TokenFile
 from shardkit.train.guard import (
     MetricsLog,
@@ -55,6 +56,7 @@ from shardkit.train.lock import RunLock
 from shardkit.train.metrics import History, Progress, host_matmul_flops
 from shardkit.train.pipeline_view import pipeline_rows
 from shardkit.train.report import write_report
+from shardkit.train.tensorboard import ProfileWindow, ScalarWriter
 from shardkit.train.trainer import Trainer
 
 
@@ -287,7 +289,7 @@ def _set_up(cfg: TrainConfig, console: Any, quiet: bool) -> _Run:
     jax.config.update("jax_threefry_partitionable", True)
     primary = jax.process_index() == 0
     quiet = quiet or not primary
-    console = console or Console()
+    console = console or _console()
     devices = _devices(cfg)
     planned = None
     if cfg.strategy.strip().lower() == "auto":
@@ -387,16 +389,22 @@ def _loop(run: _Run, ckpt: Checkpointer, meta: dict, state: Any):
     history = History()
     log = MetricsLog(pathlib.Path(cfg.out) / "metrics.jsonl" if run.primary else None, start=start)
     tokens_per_step = cfg.batch * run.model_cfg.seq_len
+    extra = _extra_metrics(run, compiled, tokens_per_step)
+    tb = ScalarWriter(cfg.tensorboard) if cfg.tensorboard and run.primary else None
+    profile = ProfileWindow(parse_window(cfg.profile), pathlib.Path(cfg.out) / "profile")
     window_t, window_n = time.perf_counter(), 0
     with (
         Progress(cfg.steps, start=start, console=run.console, enabled=not run.quiet) as bar,
         StopSignals() as stop,
+        _closing(tb, profile),
     ):
         for step in range(start, cfg.steps):
             batch = (
                 first if step == start else trainer.load_batch(run.data, step, batch_size=cfg.batch)
             )
+            profile.before(step)
             state, metrics = trainer.step(state, batch)
+            profile.after(step + 1, metrics)
             window_n += 1
             done = step + 1
             try:
@@ -412,6 +420,8 @@ def _loop(run: _Run, ckpt: Checkpointer, meta: dict, state: Any):
                 window_t, window_n = time.perf_counter(), 0
                 history.add(step=done, step_time=dt, tokens_per_s=tokens_per_step / dt, **m)
                 log.write(history.rows[-1])
+                if tb is not None:
+                    tb.write(done, {**history.rows[-1], **extra(tokens_per_step / dt)})
                 bar.update(
                     done,
                     loss=m["loss"],
@@ -425,6 +435,32 @@ def _loop(run: _Run, ckpt: Checkpointer, meta: dict, state: Any):
     ckpt.save(state, meta=meta, force=int(jax.device_get(state.step)) not in ckpt.all_steps())
     ckpt.wait()
     return state, history, compiled, compile_s
+
+
+def _extra_metrics(run: _Run, compiled, tokens_per_step: int):
+    """`tokens/s -> {"mfu", "memory_bytes"}` for TensorBoard (measured peak on CPU; compiled
+    per-device bytes of the step). Only computed when --tensorboard is on."""
+    if not run.cfg.tensorboard:
+        return lambda tok_s: {}
+    peak = host_matmul_flops() if jax.default_backend() == "cpu" else float("nan")
+    flops = run.model_cfg.flops_per_token()
+    mem = compiled.memory_analysis()
+    used = float("nan") if mem is None else float(
+        mem.argument_size_in_bytes + mem.output_size_in_bytes + mem.temp_size_in_bytes
+        - getattr(mem, "alias_size_in_bytes", 0)
+    )  # fmt: skip
+    return lambda tok_s: {"mfu": flops * tok_s / peak, "memory_bytes": used}
+
+
+@contextlib.contextmanager
+def _closing(tb, profile):
+    """Closes the TensorBoard writer and ends an open profiler trace, however the loop ends."""
+    try:
+        yield
+    finally:
+        profile.stop()
+        if tb is not None:
+            tb.close()
 
 
 def _evaluate(run: _Run, params: Any) -> tuple[float, float]:
@@ -570,3 +606,8 @@ def _finish(run, ckpt, state, history, compiled, compile_s) -> RunResult:
         mesh_axes=dict(run.trainer.bound.axis_sizes),
         params=state.params,
     )
+
+
+def _console():
+    """stdout's console: a terminal's own width, else wide (a log file cuts nothing at 80)."""
+    return Console() if sys.stdout.isatty() else Console(width=200)
