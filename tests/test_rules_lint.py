@@ -290,3 +290,30 @@ def test_shard_nnx_state_keeps_variables(axis_type):
     kernel = placed["kernel"].get_value()
     assert kernel.sharding.spec == P(None, "model")
     np.testing.assert_allclose(np.asarray(kernel), np.asarray(model.kernel.get_value()))
+
+
+def test_lint_with_its_first_two_arguments_swapped_says_so():
+    from shardkit import ShardingRuleError, lint
+
+    params = {"w": jax.ShapeDtypeStruct((8, 4), jnp.float32)}
+    specs = {"w": P("data", None)}
+    assert lint(params, specs, {"data": 8}).ok
+    with pytest.raises(ShardingRuleError, match=r"swapped; fix: lint\(params, specs, mesh\)"):
+        lint(specs, params, {"data": 8})
+
+
+def test_every_submodule_the_docs_name_is_an_attribute_after_import_shardkit():
+    import subprocess
+    import sys
+
+    code = (
+        "import shardkit as sk\n"
+        "assert callable(sk.inspection.compiled_layout)\n"
+        "assert callable(sk.layout.format_rows)\n"
+        "assert callable(sk.matmul.gspmd_chain)\n"
+        "assert sk.verify.__name__ == 'shardkit.verify'\n"
+        "try:\n    sk.not_a_module\nexcept AttributeError:\n    pass\n"
+        "else:\n    raise SystemExit(1)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]

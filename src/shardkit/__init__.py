@@ -12,6 +12,7 @@ Names are imported on first use, so ``import shardkit`` (and ``shardkit --help``
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from typing import Any
 
 __version__ = "0.1.0"
@@ -58,7 +59,11 @@ def __getattr__(name: str) -> Any:
     try:
         module, attr = _EXPORTS[name]
     except KeyError:
-        raise AttributeError(f"module 'shardkit' has no attribute {name!r}") from None
+        # any submodule, as the docs write them (`sk.inspection.compiled_layout`), on first use
+        if not name.startswith("_") and importlib.util.find_spec(f"shardkit.{name}") is not None:
+            module, attr = f"shardkit.{name}", None
+        else:
+            raise AttributeError(f"module 'shardkit' has no attribute {name!r}") from None
     mod = importlib.import_module(module)
     value = mod if attr is None else getattr(mod, attr)
     globals()[name] = value

@@ -365,6 +365,20 @@ class LintReport:
         return Group(table, reps)
 
 
+def _check_not_swapped(tree: Any, rules_or_specs: Any) -> None:
+    """`lint(specs, params, mesh)`: the specs came first; say so instead of failing later."""
+    is_spec = lambda x: isinstance(x, PartitionSpec)  # noqa: E731
+    first = jax.tree.leaves(tree, is_leaf=is_spec)
+    if not first or not all(is_spec(x) for x in first):
+        return
+    second = jax.tree.leaves(rules_or_specs, is_leaf=is_spec)
+    if second and all(hasattr(x, "shape") and not is_spec(x) for x in second):
+        raise ShardingRuleError(
+            "lint(tree, rules_or_specs, mesh): the first argument holds PartitionSpecs and the "
+            "second arrays, so they are swapped; fix: lint(params, specs, mesh)."
+        )
+
+
 def lint(tree: Any, rules_or_specs: Any, mesh: Any = None, *, top: int = 5) -> LintReport:
     """Checks a layout before compiling: every problem, with its leaf path.
 
@@ -387,6 +401,7 @@ def lint(tree: Any, rules_or_specs: Any, mesh: Any = None, *, top: int = 5) -> L
 
     See also: :meth:`LintReport.raise_if_errors`, :meth:`shardkit.Rules.specs`.
     """
+    _check_not_swapped(tree, rules_or_specs)
     sizes = _mesh_sizes(mesh)
     items = leaf_path_items(tree)
     if callable(getattr(rules_or_specs, "match", None)):  # a shardkit.Rules

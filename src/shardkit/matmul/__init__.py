@@ -29,6 +29,7 @@ from shardkit.matmul.api import compile_matmul as compile_matmul
 from shardkit.matmul.api import matmul as matmul
 from shardkit.matmul.chain import ChainPlan as ChainPlan
 from shardkit.matmul.chain import chain as chain
+from shardkit.matmul.chain import gspmd_chain as gspmd_chain
 from shardkit.matmul.cost import ALGORITHMS as ALGORITHMS
 from shardkit.matmul.cost import Explanation as Explanation
 from shardkit.matmul.cost import explain as explain
@@ -43,6 +44,7 @@ __all__ = [
     "chain",
     "compile_matmul",
     "explain",
+    "gspmd_chain",
     "matmul",
 ]
 
