@@ -177,3 +177,17 @@ def test_a_bad_profile_window_is_one_line_with_the_fix(bad, tmp_path, capsys):
     assert code == 2
     err = capsys.readouterr().err
     assert "is not START:STOP" in err and "fix: --profile 10:20" in err
+
+
+def test_the_default_run_does_not_warn_about_its_own_strategy(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["train", "--steps", "20", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    html = (out / "report.html").read_text()
+    # FSDP's parameter gathers and the gradient sums are the strategy's, not warnings
+    for code in ("implicit-gather", "replicated-output"):
+        assert code not in html, code
+    assert "as the strategy intends (not warned about)" in text
+    assert "parameters all-gathered into their compute layout (FSDP)" in text
+    # static instructions and per-step executions are labelled as such
+    assert "instructions in the program" in text and "executions per step" in text

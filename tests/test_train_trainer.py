@@ -239,3 +239,24 @@ def test_a_mesh_without_the_strategys_axes_is_an_error_not_a_silent_replica():
         gpt_trainer(Hybrid(data=2, tensor=4), mesh=make_mesh({"fsdp": 8}, axis_types="auto"))
     one = gpt_trainer(DataParallel(), mesh=make_mesh({"x": 1}, devices=jax.devices()[:1]))
     assert one.mesh.size == 1  # nothing to split on one device: allowed
+
+
+def test_the_step_audit_takes_out_only_the_strategys_own_collectives():
+    import dataclasses
+
+    from shardkit.inspection import inspect
+    from shardkit.inspection.report import Finding
+    from shardkit.train.step_audit import strategy_owned
+
+    trainer = Trainer(lambda k: MLP((64, 128, 8), rngs=nnx.Rngs(k)), optax.adam(1e-3),
+                      classification_loss, strategy=FSDP())  # fmt: skip
+    batch = trainer.place_batch({"x": np.ones((16, 64), "f4"), "y": np.zeros(16, "i4")})
+    report = inspect(trainer.compile_step(batch), mesh=trainer.mesh)
+    gathers = [w for w in report.warnings if w.code == "implicit-gather"]
+    assert gathers  # the generic audit flags FSDP's parameter gathers
+    foreign = Finding("large-collective", "a real problem", 0)
+    odd = Finding("implicit-gather", "not a parameter's size", None)
+    report = dataclasses.replace(report, warnings=report.warnings + (foreign, odd))
+    kept, lines = strategy_owned(trainer, report)
+    assert list(kept.warnings) == [foreign, odd]  # real ones stay
+    assert any("all-gather" in x and "(FSDP)" in x for x in lines)

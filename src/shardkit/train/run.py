@@ -28,8 +28,6 @@ from rich.table import Table
 from shardkit.common import format_bytes, path_str
 from shardkit.compat import version_line
 from shardkit.errors import ShardkitValueError
-from shardkit.inspection import inspect
-from shardkit.inspection.hlo import collective_counts
 from shardkit.layout import spec_notation
 from shardkit.mesh import describe_mesh
 from shardkit.models import GPT, GPTConfig, lm_loss
@@ -56,6 +54,7 @@ from shardkit.train.lock import RunLock
 from shardkit.train.metrics import History, Progress, host_matmul_flops
 from shardkit.train.pipeline_view import pipeline_rows
 from shardkit.train.report import write_report
+from shardkit.train.step_audit import audit_step
 from shardkit.train.tensorboard import ProfileWindow, ScalarWriter
 from shardkit.train.trainer import Trainer
 
@@ -224,44 +223,6 @@ def _print_table(console, rows, title):
     for r in rows:
         table.add_row(*(str(v) for v in r.values()))
     console.print(table)
-
-
-def audit_step(trainer, compiled) -> tuple[list[dict], list[str], list[dict], Any]:
-    """Compares the compiled step's collectives with the strategy's; reads memory per device."""
-    counts = collective_counts(compiled.as_text())
-    expected = trainer.bound.expected
-    problems = expected.check(counts)
-    report = None
-    try:
-        report = inspect(compiled, mesh=trainer.mesh)
-    except Exception:  # noqa: BLE001 - the detailed audit is optional; counts suffice
-        report = None
-    present = {k for k, n in counts.items() if n}
-    missing = {" or ".join(sorted(g)) for g in expected.required if not present & g}
-    rows = []
-    for kind in sorted(present | missing):
-        n = counts.get(kind, 0)
-        status = "expected" if kind in expected.allowed else "UNEXPECTED"
-        by_kind = report.by_kind().get(kind, {}) if report is not None else {}
-        rows.append(
-            {
-                "collective": kind,
-                "in compiled step": n,
-                "bytes/device/step": format_bytes(by_kind["bytes"]) if by_kind else "-",
-                "strategy": status if n else "MISSING",
-            }
-        )
-    mem = compiled.memory_analysis()
-    memory = []
-    if mem is not None:
-        for label, attr in (
-            ("arguments (state + batch)", "argument_size_in_bytes"),
-            ("outputs", "output_size_in_bytes"),
-            ("aliased (donated)", "alias_size_in_bytes"),
-            ("temporaries (activations, gathered params)", "temp_size_in_bytes"),
-        ):
-            memory.append({"memory per device": label, "bytes": format_bytes(getattr(mem, attr))})
-    return rows, problems, memory, report
 
 
 @dataclasses.dataclass
@@ -574,7 +535,7 @@ def _finish(run, ckpt, state, history, compiled, compile_s) -> RunResult:
     cfg = run.cfg
     eval_acc, eval_loss = _evaluate(run, state.params)
 
-    coll_rows, problems, memory, audit = audit_step(run.trainer, compiled)
+    coll_rows, problems, memory, audit, explained = audit_step(run.trainer, compiled)
     if not run.quiet:
         _print_table(run.console, coll_rows, "audit: collectives of the compiled step")
         run.say(
@@ -582,6 +543,8 @@ def _finish(run, ckpt, state, history, compiled, compile_s) -> RunResult:
             if not problems
             else "[red]" + "; ".join(problems) + "[/]"
         )
+        for line in explained:
+            run.say("[bold]audit[/]    " + escape(line))
         _print_table(run.console, memory, "audit: memory per device (compiled step)")
 
     summary, tok_s = _summary(run, history, eval_acc, eval_loss, compile_s, ckpt)
