@@ -82,3 +82,39 @@ def test_help_imports_no_jax():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip().endswith("False")
     assert "devices" in out.stdout and "train" in out.stdout and "inspect" in out.stdout
+
+
+@pytest.mark.parametrize(
+    "argv, match",
+    [
+        (["plan", "--seq", "0"], r"argument --seq: 0 is below 1"),
+        (["plan", "--max-stage", "0"], r"argument --max-stage: 0 is below 1"),
+        (["plan", "--top", "-1"], r"argument --top: -1 is below 1"),
+        (["plan", "--virtual", "0"], r"argument --virtual: 0 is below 1"),
+        (["plan", "--devices", "x"], r"argument --devices: 'x' is not an integer"),
+        (["train", "--processes", "0"], r"argument --processes: 0 is below 1"),
+        (["launch", "-n", "2", "--port", "99999", "--", "true"], r"99999 is not a TCP port"),
+        (["show", "--simulate", "0"], r"argument --simulate: 0 is below 1"),
+        (["show", "--format", "pdf"], r"argument --format: invalid choice"),
+    ],
+)
+def test_bad_flag_values_are_one_line_with_a_fix_and_exit_2(argv, match, capsys):
+    import re
+
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1, err  # no usage block, one line
+    assert re.search(match, err) and f"fix: see shardkit {argv[0]} --help" in err, err
+
+
+def test_file_problems_are_one_line_with_a_fix(tmp_path, capsys):
+    bad = tmp_path / "bad.py"
+    bad.write_text("def f(:\n")
+    assert main(["inspect", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "bad.py:1:" in err and "fix:" in err, err
+    assert main(["train", "--config", str(tmp_path / "nope.toml")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("fix:") == 1 and "not found" in err, err  # one fix, not two

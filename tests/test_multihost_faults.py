@@ -154,3 +154,21 @@ def _rank_of(pid: int) -> int | None:
         if item.startswith(b"SHARDKIT_PROCESS_ID="):
             return int(item.split(b"=")[1])
     return None
+
+
+def test_gloo_connection_chatter_is_hidden_unless_verbose(tmp_path):
+    import io
+
+    from shardkit.distributed.launch import launch
+
+    script = tmp_path / "chatter.py"
+    script.write_text(
+        "print('[Gloo] Rank 0 is connected to 1 peer ranks. Expected number of connected peer "
+        "ranks is : 1')\nprint('3')\nprint('step 1 loss 0.5')\n"
+    )
+    quiet, loud = io.StringIO(), io.StringIO()
+    assert launch([sys.executable, str(script)], processes=2, out=quiet) == 0
+    assert launch([sys.executable, str(script)], processes=2, out=loud, verbose=True) == 0
+    assert "[Gloo]" not in quiet.getvalue() and "] 3\n" not in quiet.getvalue()
+    assert quiet.getvalue().count("step 1 loss 0.5") == 2
+    assert loud.getvalue().count("[Gloo]") == 2

@@ -298,3 +298,21 @@ def test_cli_plan_verify_json_is_one_json_document(verification, monkeypatch, ca
     assert main([*argv, "--verify"]) == 0  # text: the table, then the verification
     out = capsys.readouterr().out
     assert out.index("Why:") < out.index("predicted vs compiled (XLA:CPU)")
+
+
+def test_cli_plan_verify_exits_1_when_a_quantity_is_out_of_bounds(verification, monkeypatch,
+                                                                 capsys):  # fmt: skip
+    from types import SimpleNamespace
+
+    from shardkit.cli import main
+    from shardkit.plan import search, workload
+
+    tiny = Transformer.from_gpt_config(CFG, batch=BATCH)
+    monkeypatch.setattr(workload, "preset", lambda name, **changes: tiny)
+    failed = SimpleNamespace(ok=False, render=lambda: "row out of bounds", to_dict=lambda: {})
+    monkeypatch.setattr(search.Plan, "verify", lambda self, **kw: failed)
+    argv = ["plan", "--model", "tiny", "--devices", "8", "--hardware", "cpu", "--top", "2"]
+    assert main([*argv, "--verify"]) == 1
+    assert "outside its bound" in capsys.readouterr().err
+    monkeypatch.setattr(search.Plan, "verify", lambda self, **kw: verification)
+    assert main([*argv, "--verify"]) == (0 if verification.ok else 1)

@@ -17,7 +17,14 @@ import sys
 import threading
 from collections.abc import Sequence
 
-from shardkit.cli_args import CLIError, parse_mesh_arg, parse_shape_arg, parse_spec_arg
+from shardkit.cli_args import (
+    CLIError,
+    OneLineParser,
+    at_least,
+    parse_mesh_arg,
+    parse_shape_arg,
+    parse_spec_arg,
+)
 from shardkit.compat import version_line
 from shardkit.errors import ShardkitError
 
@@ -35,7 +42,7 @@ _DELEGATED = {
 def _add_simulate(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--simulate",
-        type=int,
+        type=at_least(1),
         metavar="N",
         default=None,
         help="run on N simulated CPU devices (set before JAX starts)",
@@ -127,7 +134,7 @@ def _default_simulate() -> int | None:
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The argument parser; a delegated subcommand's module is imported only when
     ``command`` names it (so ``shardkit --help`` imports no JAX)."""
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="shardkit",
         description="Sharded and parallel computation on JAX: meshes, layouts, collective "
         "audits, parallel training.",
@@ -141,7 +148,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     parser.add_argument(
         "--debug", action="store_true", help="show the traceback of an error (one line without)"
     )
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineParser)
 
     p = sub.add_parser("devices", help="list devices, processes and memory")
     _add_simulate(p)
@@ -201,7 +208,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         print(f"shardkit {args.command}: {e or 'interrupted'}", file=sys.stderr)
         return getattr(e, "exit_code", 130)
-    except (ShardkitError, ValueError, TypeError, RuntimeError, OSError) as e:
+    except (ShardkitError, ValueError, TypeError, RuntimeError, OSError, SyntaxError) as e:
         if args.debug:
             raise
         print(f"shardkit {args.command}: error: {_one_line(e)}", file=sys.stderr)
@@ -225,6 +232,13 @@ _WRITE_FAILED = ("No space left", "File too large", "os_error_code='28'", "os_er
 
 def _one_line(e: BaseException) -> str:
     """The error in one line; an operating-system error with the fix for its cause."""
+    if isinstance(e, SyntaxError):
+        return (
+            f"{e.filename}:{e.lineno}: {e.msg}; fix: correct the syntax there "
+            "(python -m py_compile FILE shows it too)."
+        )
+    if isinstance(e, OSError) and e.errno is None and "fix:" in str(e):
+        return " ".join(str(e).split())  # shardkit's own message, with its fix
     if isinstance(e, OSError) and not isinstance(e, ShardkitError):
         where = f" {e.filename}" if e.filename else ""
         fix = _OS_FIXES.get(e.errno or 0, "check the path and the disk")

@@ -8,15 +8,55 @@ depends on the CLI. JAX is imported only where a value needs it (a PartitionSpec
 
 from __future__ import annotations
 
+import argparse
 import re
 
 from shardkit.errors import ShardkitError
 
-__all__ = ["CLIError", "parse_mesh_arg", "parse_shape_arg", "parse_spec_arg"]
+__all__ = [
+    "CLIError",
+    "OneLineParser",
+    "at_least",
+    "parse_mesh_arg",
+    "parse_shape_arg",
+    "parse_spec_arg",
+    "port_number",
+]
 
 
 class CLIError(ShardkitError, ValueError):
     """A bad command-line value; the message says how to write it."""
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """An argparse parser whose usage errors are one line with a fix, exit status 2."""
+
+    def error(self, message: str):  # argparse's hook: print, then exit 2
+        self.exit(2, f"{self.prog}: error: {message}; fix: see {self.prog} --help.\n")
+
+
+def at_least(low: int):
+    """An argparse `type`: an integer >= `low` (the message names the bound)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"{value} is below {low}, the smallest allowed")
+        return value
+
+    parse.__name__ = f"integer >= {low}"
+    return parse
+
+
+def port_number(text: str) -> int:
+    """An argparse `type`: a TCP port, 1 to 65535."""
+    value = at_least(1)(text)
+    if value > 65535:
+        raise argparse.ArgumentTypeError(f"{value} is not a TCP port (1 to 65535)")
+    return value
 
 
 def parse_mesh_arg(text: str) -> dict[str, int]:

@@ -23,6 +23,7 @@ import time
 from collections.abc import Sequence
 from typing import TextIO
 
+from shardkit.cli_args import at_least, port_number
 from shardkit.distributed import environment as _env
 from shardkit.distributed.runtime import local_device_env
 from shardkit.errors import ShardkitValueError
@@ -89,8 +90,17 @@ _PEER_LOST = re.compile(
 _ERROR_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)\b(:|$)")
 
 
-def _pump(rank: int, stream, out: TextIO, lock: threading.Lock, last: dict) -> None:
+# gloo's connection chatter (one line per rank at start-up, its tail sometimes interleaved with
+# another rank's output as a bare number): hidden unless --verbose
+_CHATTER = re.compile(r"^\[Gloo\] Rank \d+ is connected to \d+ peer ranks|^\s*\d+\s*$")
+
+
+def _pump(
+    rank: int, stream, out: TextIO, lock: threading.Lock, last: dict, verbose: bool = False
+) -> None:
     for line in iter(stream.readline, ""):
+        if not verbose and _CHATTER.search(line):
+            continue
         end = "" if line.endswith("\n") else "\n"  # a last line without a newline
         with lock:
             out.write(f"[rank {rank}] {line}{end}")
@@ -112,6 +122,7 @@ def launch(
     timeout: float | None = None,
     out: TextIO | None = None,
     env: dict[str, str] | None = None,
+    verbose: bool = False,
 ) -> int:
     """Runs `command` as `processes` ranks of one job on this machine; returns the exit status.
 
@@ -125,6 +136,7 @@ def launch(
         timeout: stop all ranks after this many seconds (default: no limit).
         out: where prefixed output goes (default stdout).
         env: base environment (default `os.environ`).
+        verbose: keep gloo's per-rank connection lines (hidden by default).
 
     Returns:
         0 when every rank succeeded; else the status of the rank that failed first (128 + N
@@ -170,7 +182,9 @@ def launch(
             start_new_session=True,  # so a stop reaches the rank's own children too
         )  # fmt: skip
         procs.append(proc)
-        t = threading.Thread(target=_pump, args=(rank, proc.stdout, out, lock, last), daemon=True)
+        t = threading.Thread(
+            target=_pump, args=(rank, proc.stdout, out, lock, last, verbose), daemon=True
+        )
         t.start()
         pumps.append(t)
 
@@ -291,13 +305,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "127.0.0.1, free port). In the script, call shardkit.distributed.initialize() first. "
         "Example: shardkit launch -n 2 --devices-per-process 4 -- python train.py"
     )
-    parser.add_argument("-n", "--processes", type=int, required=True, help="number of ranks")
     parser.add_argument(
-        "--devices-per-process", type=int, default=None,
+        "-n", "--processes", type=at_least(1), required=True, help="number of ranks"
+    )
+    parser.add_argument(
+        "--devices-per-process", type=at_least(1), default=None,
         help="simulated CPU devices per rank (sets XLA_FLAGS in each rank)",
     )  # fmt: skip
-    parser.add_argument("--port", type=int, default=None, help="coordinator port (default free)")
+    parser.add_argument(
+        "--port", type=port_number, default=None, help="coordinator port (default free)"
+    )
     parser.add_argument("--timeout", type=float, default=None, help="stop all ranks after S s")
+    parser.add_argument(
+        "--verbose", action="store_true", help="keep gloo's per-rank connection lines"
+    )
     parser.add_argument("cmd", nargs=argparse.REMAINDER, help="-- command and its arguments")
 
 
@@ -314,4 +335,5 @@ def run(args: argparse.Namespace) -> int:
         devices_per_process=args.devices_per_process,
         port=args.port,
         timeout=args.timeout,
+        verbose=args.verbose,
     )

@@ -26,7 +26,7 @@ import re
 import sys
 from typing import Any
 
-from shardkit.cli_args import parse_mesh_arg, parse_spec_arg
+from shardkit.cli_args import at_least, parse_mesh_arg, parse_spec_arg
 from shardkit.errors import ShardkitValueError
 
 _DTYPES = {
@@ -83,7 +83,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--simulate",
-        type=int,
+        type=at_least(1),
         metavar="N",
         default=None,
         help="run on N simulated CPU devices (default: the mesh size, on CPU)",

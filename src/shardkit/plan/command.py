@@ -12,6 +12,7 @@ import argparse
 import json
 import sys
 
+from shardkit.cli_args import at_least
 from shardkit.errors import ShardkitValueError
 from shardkit.plan.hardware import known_hardware
 from shardkit.plan.search import plan
@@ -28,12 +29,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--model", default="gpt3-175b", help=f"preset: {', '.join(presets())} (default gpt3-175b)"
     )
-    parser.add_argument("--devices", type=int, default=8, help="number of chips (default 8)")
+    parser.add_argument(
+        "--devices", type=at_least(1), default=8, help="number of chips (default 8)"
+    )
     parser.add_argument(
         "--hardware", default="h100", help=f"{', '.join(known_hardware())} (default h100)"
     )
-    parser.add_argument("--batch", type=int, default=None, help="global batch in sequences")
-    parser.add_argument("--seq", type=int, default=None, help="sequence length (transformers)")
+    parser.add_argument("--batch", type=at_least(1), default=None, help="global batch in sequences")
+    parser.add_argument(
+        "--seq", type=at_least(1), default=None, help="sequence length (transformers)"
+    )
     parser.add_argument(
         "--remat", default=None, choices=["none", "dots", "block"], help="fix the remat policy"
     )
@@ -43,20 +48,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--zero", default="3,1", help="ZeRO stages allowed over fsdp: '3,1', '3', '1' or 'none'"
     )
-    parser.add_argument("--max-stage", type=int, default=None, help="largest pipeline degree")
+    parser.add_argument(
+        "--max-stage", type=at_least(1), default=None, help="largest pipeline degree"
+    )
     parser.add_argument(
         "--schedule", default="1f1b", choices=["1f1b", "gpipe", "interleaved", "zb-h1"],
         help="pipeline schedule shardkit runs (default 1f1b, the fused two-lane form)",
     )  # fmt: skip
     parser.add_argument(
-        "--virtual", type=int, default=2, help="chunks per device for --schedule interleaved"
+        "--virtual",
+        type=at_least(1),
+        default=2,
+        help="chunks per device for --schedule interleaved",
     )
     parser.add_argument(
         "--sequence-parallel", action="store_true",
         help="predict tensor parallelism with Megatron sequence parallelism (as published runs "
         "used; shardkit's tensor parallelism does not implement it)",
     )  # fmt: skip
-    parser.add_argument("--top", type=int, default=8, help="rows to show (default 8)")
+    parser.add_argument("--top", type=at_least(1), default=8, help="rows to show (default 8)")
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
     parser.add_argument("--verify", action="store_true", help="compile the top layouts and compare")
 
@@ -103,4 +113,11 @@ def run(args: argparse.Namespace) -> int:
         if verification is not None:
             print(verification.render())
     sys.stdout.flush()
+    if verification is not None and not verification.ok:
+        print(
+            "shardkit plan: --verify: a measured quantity is outside its bound (rows marked "
+            "above); fix: report it with the table, or plan without --verify.",
+            file=sys.stderr,
+        )
+        return 1
     return 0

@@ -6,7 +6,7 @@ import argparse
 import os
 import sys
 
-from shardkit.cli_args import parse_mesh_arg
+from shardkit.cli_args import at_least, parse_mesh_arg
 from shardkit.compat import backend_started
 from shardkit.distributed import initialize
 from shardkit.distributed.environment import PROCESS_ID
@@ -86,7 +86,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-report", dest="report", action="store_false", default=None)
     parser.add_argument("--quiet", action="store_true", help="print only the final line")
     parser.add_argument(
-        "--processes", type=int, default=1,
+        "--processes", type=at_least(1), default=1,
         help="run as N local processes (shardkit launch), --devices split evenly over them",
     )  # fmt: skip
 
