@@ -13,7 +13,7 @@ BIN           := $(VENV)/bin
 OLD_BIN       := $(OLD_VENV)/bin
 PYTEST_ARGS   ?= -q -n auto --dist loadfile tests
 
-.PHONY: demo test test-newest test-oldest lint format bench clean install versions
+.PHONY: demo test test-newest test-oldest lint format bench clean install versions browser
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -44,12 +44,23 @@ demo: $(VENV)/.installed
 
 test: test-newest test-oldest
 
-test-newest: $(VENV)/.installed
+# The report's browser test needs Chromium: Debian's package, installed here when missing
+# (as root, or with passwordless sudo); without it that one test is skipped with the reason.
+browser:
+	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || { \
+	  SUDO=$$([ "$$(id -u)" = 0 ] || echo "sudo -n"); \
+	  { $$SUDO apt-get install -y -q chromium >/dev/null 2>&1 || \
+	    { $$SUDO apt-get update -q >/dev/null 2>&1 && \
+	      $$SUDO apt-get install -y -q chromium >/dev/null 2>&1; }; } \
+	  && echo "make: installed Debian's chromium for the report's browser test" \
+	  || echo "make: could not install chromium (apt-get); the browser test is skipped"; }
+
+test-newest: browser $(VENV)/.installed
 	$(BIN)/ruff check src tests examples benchmarks
 	@echo "== newest: $$($(BIN)/shardkit --version)"
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
-test-oldest: $(OLD_VENV)/.installed
+test-oldest: browser $(OLD_VENV)/.installed
 	@echo "== oldest pins: $$($(OLD_BIN)/shardkit --version)"
 	$(OLD_BIN)/python -m pytest $(PYTEST_ARGS)
 

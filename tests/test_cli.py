@@ -118,3 +118,13 @@ def test_file_problems_are_one_line_with_a_fix(tmp_path, capsys):
     assert main(["train", "--config", str(tmp_path / "nope.toml")]) == 2
     err = capsys.readouterr().err
     assert err.count("fix:") == 1 and "not found" in err, err  # one fix, not two
+
+
+def test_show_html_is_a_styled_document_with_index_ranges(capsys):
+    assert main(["show", "--format", "html", "--simulate", "8"]) == 0  # the tour, no --shape
+    tour = capsys.readouterr().out
+    assert tour.startswith("<!doctype html>") and "<style>" in tour and tour.count("<table") >= 3
+    assert main(["show", "--shape", "8,8", "--spec", "data,model", "--mesh", "data=4,model=2",
+                 "--format", "html", "--simulate", "8"]) == 0  # fmt: skip
+    one = capsys.readouterr().out
+    assert one.startswith("<!doctype html>") and "A 0:2" in one and "B 4:8" in one

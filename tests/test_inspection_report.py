@@ -182,7 +182,9 @@ def test_cli_spec_file_text_and_html(tmp_path, capsys):
     assert cli_main(["inspect", str(spec), "--text", "--html", str(html)]) == 0
     out = capsys.readouterr().out
     assert "all-reduce" in out and "spec.py:5 (fn)" in out
-    assert "all-reduce" in html.read_text()
+    page = html.read_text()
+    assert "all-reduce" in page
+    assert page.startswith("<!doctype html>") and "<style>" in page  # a styled document
 
 
 def test_cli_errors(capsys, tmp_path):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import html
 import importlib
 import logging
 import os
@@ -25,6 +26,7 @@ from shardkit.cli_args import (
     parse_shape_arg,
     parse_spec_arg,
 )
+from shardkit.common import html_page
 from shardkit.compat import version_line
 from shardkit.errors import ShardkitError
 
@@ -107,10 +109,16 @@ def _cmd_show(args: argparse.Namespace) -> int:
     if args.shape is None:
         if args.spec is not None or args.mesh is not None:
             raise CLIError("--mesh/--spec need --shape. Example: --shape 16,16 --spec data,model.")
+        parts = []
         for title, axes, shape, spec in _demo_layouts():
-            print(f"\n# {title}")
             mesh = make_mesh(axes, axis_types=args.axis_types)
-            show(shape=shape, mesh=mesh, spec=PartitionSpec(*spec), format=fmt, name="x")
+            if fmt != "html":  # "terminal" and "text" print themselves
+                print(f"\n# {title}")
+            out = show(shape=shape, mesh=mesh, spec=PartitionSpec(*spec), format=fmt, name="x")
+            if fmt == "html":
+                parts.append(f"<h2>{html.escape(title)}</h2>{out}")
+        if fmt == "html":
+            print(html_page("shardkit show", "".join(parts)), end="")
         return 0
     shape = parse_shape_arg(args.shape)
     mesh = make_mesh(parse_mesh_arg(args.mesh or "data=-1"), axis_types=args.axis_types)
@@ -118,7 +126,7 @@ def _cmd_show(args: argparse.Namespace) -> int:
     dims = None if args.dims is None else [int(d) for d in args.dims.split(",")]
     out = show(shape=shape, mesh=mesh, spec=spec, dims=dims, format=fmt, name="x")
     if fmt == "html":
-        print(out)
+        print(html_page(f"shardkit show {shape}", out), end="")
     return 0
 
 

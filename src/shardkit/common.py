@@ -10,7 +10,7 @@ import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-__all__ = ["deprecated_aliases", "format_bytes", "path_str"]
+__all__ = ["deprecated_aliases", "format_bytes", "html_page", "path_str"]
 
 
 def format_bytes(n: float | None, *, digits: int = 1, decimal: bool = False) -> str:
@@ -80,3 +80,23 @@ def deprecated_aliases(module: str, aliases: Mapping[str, tuple[str, Any]]) -> C
         raise AttributeError(f"module {module!r} has no attribute {name!r}")
 
     return __getattr__
+
+
+PAGE_STYLE = """
+body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;color:#222}
+table{border-collapse:collapse;margin:.5em 0 1.5em;font-size:13px}
+td,th{border:1px solid #ccc;padding:3px 8px;text-align:left}
+th{background:#f3f3f3} code,pre{background:#f6f6f6;padding:2px 4px}
+.ok{color:#1a7f37}.bad{color:#c62828}
+"""
+
+
+def html_page(title: str, body: str) -> str:
+    """A complete, styled HTML document around `body` (shardkit's reports and views)."""
+    import html
+
+    return (
+        "<!doctype html><html><head><meta charset='utf-8'>"
+        f"<title>{html.escape(title)}</title><style>{PAGE_STYLE}</style></head>"
+        f"<body>{body}</body></html>\n"
+    )

@@ -325,8 +325,20 @@ def _render_html(layout: Layout, name: str, dims) -> str:
             label = ", ".join(_range_txt(_DIM_LETTERS[i], r) for i, r in zip(panel_dims, pkey))
             out.append(f"<div>panel {html.escape(label)}</div>")
         out.append("<table style='border-collapse:collapse;margin:4px 0'>")
-        for line in table:
+        rl = _DIM_LETTERS[shown[0]] if len(shown) == 2 else ""
+        cl = _DIM_LETTERS[shown[-1]] if shown else ""
+        head = "<th></th>" if rl else ""
+        if cl:  # index ranges on the columns and rows, as the text view has them
+            th = "<th style='padding:2px 8px;font-family:monospace;font-weight:normal'>"
+            head += "".join(f"{th}{html.escape(_range_txt(cl, c))}</th>" for c in cols)
+            out.append(f"<tr>{head}</tr>")
+        for r, line in zip(rows, table, strict=True):
             out.append("<tr>")
+            if rl:
+                out.append(
+                    "<th style='padding:2px 8px;font-family:monospace;font-weight:normal'>"
+                    f"{html.escape(_range_txt(rl, r))}</th>"
+                )
             for devs in line:
                 color = _PALETTE[devs[0].id % len(_PALETTE)] if devs else "#fff"
                 label = html.escape(", ".join(_device_label(d) for d in devs) or "-")

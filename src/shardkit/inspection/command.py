@@ -27,6 +27,7 @@ import sys
 from typing import Any
 
 from shardkit.cli_args import at_least, parse_mesh_arg, parse_spec_arg
+from shardkit.common import html_page
 from shardkit.errors import ShardkitValueError
 
 _DTYPES = {
@@ -232,7 +233,7 @@ def run(args: argparse.Namespace) -> int:
         report = inspect(fn, *call_args, large_bytes=large, **kwargs)
     if args.html:
         with open(args.html, "w", encoding="utf-8") as f:
-            f.write(report.to_html())
+            f.write(html_page(f"shardkit inspect: {report.name}", report.to_html()))
     if args.json:
         print(report.to_json(indent=2))
     elif args.text or not sys.stdout.isatty():

@@ -1,19 +1,29 @@
-"""The HTML report of a training run: plan, layouts, audit tables, loss and throughput PNGs."""
+"""The HTML report of a training run: plan, layouts, audit tables, loss and throughput plots.
+
+One self-contained file: the plots are inside it as data URIs (it works copied or mailed);
+the PNG files are written beside it too.
+"""
 
 from __future__ import annotations
 
+import base64
 import html
 import json
 import pathlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from shardkit.common import html_page
 from shardkit.compat import version_line
 from shardkit.train.metrics import History
 
 
-def plot_history(history: History, out_dir: pathlib.Path) -> dict[str, str]:
-    """Writes loss.png and throughput.png (matplotlib, Agg backend); returns their names."""
+def plot_history(history: History, out_dir: pathlib.Path) -> dict[str, dict[str, str]]:
+    """Writes loss.png and throughput.png (matplotlib, Agg backend).
+
+    Returns, per plot, its file name, a description and its legend's labels (read back from
+    the drawn legend), which the report puts in the image's alt text and `data-legend`.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
@@ -22,39 +32,56 @@ def plot_history(history: History, out_dir: pathlib.Path) -> dict[str, str]:
     steps = history.column("step")
     files = {}
     fig, ax = plt.subplots(figsize=(6, 3.2), dpi=110)
-    ax.plot(steps, history.column("loss"), label="loss", color="tab:blue")
+    lines = ax.plot(steps, history.column("loss"), label="training loss", color="tab:blue")
     ax.set_xlabel("step")
-    ax.set_ylabel("loss")
+    ax.set_ylabel("loss (log scale)")
     ax.set_yscale("log")
     if history.column("accuracy"):
         ax2 = ax.twinx()
-        ax2.plot(steps, history.column("accuracy"), label="accuracy", color="tab:green")
+        lines += ax2.plot(steps, history.column("accuracy"), label="accuracy", color="tab:green")
         ax2.set_ylabel("accuracy")
         ax2.set_ylim(0, 1.02)
+    legend = ax.legend(lines, [x.get_label() for x in lines], loc="center right")
     ax.set_title("training loss and accuracy")
-    fig.tight_layout()
-    fig.savefig(out_dir / "loss.png")
-    plt.close(fig)
-    files["loss"] = "loss.png"
+    files["loss"] = _save(fig, out_dir / "loss.png", legend, "training loss and accuracy by step")
     fig, ax = plt.subplots(figsize=(6, 3.2), dpi=110)
-    ax.plot(steps, history.column("tokens_per_s"), color="tab:orange")
+    ax.plot(steps, history.column("tokens_per_s"), color="tab:orange", label="tokens / s")
     ax.set_xlabel("step")
     ax.set_ylabel("tokens / s")
     ax.set_title("throughput")
-    fig.tight_layout()
-    fig.savefig(out_dir / "throughput.png")
-    plt.close(fig)
-    files["throughput"] = "throughput.png"
+    legend = ax.legend(loc="lower right")
+    files["throughput"] = _save(
+        fig, out_dir / "throughput.png", legend, "tokens per second by step"
+    )
     return files
 
 
-def _pipeline_section(rows: Mapping[str, str] | None) -> list[str]:
+def _save(fig, path: pathlib.Path, legend, what: str) -> dict[str, str]:
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    labels = ", ".join(t.get_text() for t in legend.get_texts())
+    return {"file": path.name, "alt": what, "legend": labels}
+
+
+def _img(path: pathlib.Path, alt: str, legend: str = "") -> str:
+    """An <img> holding the PNG itself (a data URI): the report works copied or mailed."""
+    data = base64.b64encode(path.read_bytes()).decode("ascii")
+    extra = f' data-legend="{html.escape(legend)}"' if legend else ""
+    text = alt + (f"; legend: {legend}" if legend else "")
+    return f'<img src="data:image/png;base64,{data}" alt="{html.escape(text)}"{extra}>'
+
+
+def _pipeline_section(rows: Mapping[str, str] | None, out_dir: pathlib.Path) -> list[str]:
     if not rows:
         return []
     items = [{"item": k, "value": v} for k, v in rows.items() if k != "plot"]
     out = ["<h2>Pipeline schedule</h2>", _table(items)]
-    if rows.get("plot"):
-        out.append(f'<img src="{html.escape(rows["plot"])}" alt="pipeline schedule timeline">')
+    plot = out_dir / rows["plot"] if rows.get("plot") else None
+    if plot is not None and plot.exists():
+        out.append(_img(plot, "pipeline schedule timeline"))
     return out
 
 
@@ -69,15 +96,6 @@ def _table(rows: Sequence[Mapping[str, Any]]) -> str:
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
-_STYLE = """
-body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;color:#222}
-table{border-collapse:collapse;margin:.5em 0 1.5em;font-size:13px}
-td,th{border:1px solid #ccc;padding:3px 8px;text-align:left}
-th{background:#f3f3f3} code,pre{background:#f6f6f6;padding:2px 4px}
-.ok{color:#1a7f37}.bad{color:#c62828}
-"""
-
-
 def write_report(
     out_dir: str | pathlib.Path,
     *,
@@ -90,6 +108,7 @@ def write_report(
     memory_rows: Sequence[Mapping[str, Any]],
     history: History,
     audit_html: str | None = None,
+    audit_notes: Sequence[str] = (),
     config: Mapping[str, Any] | None = None,
     pipeline: Mapping[str, str] | None = None,
 ) -> pathlib.Path:
@@ -110,16 +129,15 @@ def write_report(
         + "</ul>"
     )
     parts = [
-        "<!doctype html><html><head><meta charset='utf-8'><title>shardkit train report</title>",
-        f"<style>{_STYLE}</style></head><body><h1>shardkit train</h1>",
+        "<h1>shardkit train</h1>",
         f"<p>{html.escape(version_line())}</p>",
         "<h2>Summary</h2>",
         _table([{"metric": k, "value": v} for k, v in summary.items()]),
         "<h2>Plan</h2>",
         _table([{"item": k, "value": v} for k, v in plan.items()]),
         "<h2>Curves</h2>",
-        "".join(f'<img src="{f}" alt="{k}"> ' for k, f in plots.items()),
-        *_pipeline_section(pipeline),
+        " ".join(_img(out / p["file"], p["alt"], p["legend"]) for p in plots.values()),
+        *_pipeline_section(pipeline, out),
         "<h2>Parameter layouts</h2>",
         f"<pre>{html.escape(lint_summary)}</pre>",
         _table(layout_rows),
@@ -130,6 +148,8 @@ def write_report(
         "<h3>Memory per device</h3>",
         _table(memory_rows),
     ]
+    if audit_notes:
+        parts.append("<ul>" + "".join(f"<li>{html.escape(n)}</li>" for n in audit_notes) + "</ul>")
     if audit_html:
         parts += ["<h3>Every collective</h3>", audit_html]
     if config:
@@ -137,7 +157,6 @@ def write_report(
             "<h2>Configuration</h2>",
             f"<pre>{html.escape(json.dumps(config, indent=1))}</pre>",
         ]
-    parts.append("</body></html>")
     path = out / "report.html"
-    path.write_text("\n".join(parts))
+    path.write_text(html_page("shardkit train report", "\n".join(parts)))
     return path

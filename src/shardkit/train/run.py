@@ -459,7 +459,7 @@ def _summary(run, history, eval_acc, eval_loss, compile_s, ckpt) -> tuple[dict, 
     return summary, tok_s
 
 
-def _report(run, summary, coll_rows, problems, memory, audit, history):
+def _report(run, summary, coll_rows, problems, memory, audit, history, explained=()):
     """Writes the HTML report and `summary.json` into ``cfg.out``; returns the report's path."""
     cfg, trainer, mesh = run.cfg, run.trainer, run.trainer.mesh
     expected = trainer.bound.expected
@@ -484,6 +484,7 @@ def _report(run, summary, coll_rows, problems, memory, audit, history):
         memory_rows=memory,
         history=history,
         audit_html=audit.to_html() if audit is not None else None,
+        audit_notes=list(explained),
         config=cfg.to_dict(),
         pipeline=run.pipe_rows,
     )
@@ -550,7 +551,7 @@ def _finish(run, ckpt, state, history, compiled, compile_s) -> RunResult:
     summary, tok_s = _summary(run, history, eval_acc, eval_loss, compile_s, ckpt)
     report_path = None
     if cfg.report and run.primary:
-        report_path = _report(run, summary, coll_rows, problems, memory, audit, history)
+        report_path = _report(run, summary, coll_rows, problems, memory, audit, history, explained)
     ckpt.close()  # raises if an asynchronous save failed
     (run.console.print if run.primary else run.say)(
         f"[bold]done[/]     loss {history.last('loss'):.4f}, held-out accuracy {eval_acc:.3f}, "
