@@ -192,3 +192,20 @@ def test_the_default_run_does_not_warn_about_its_own_strategy(tmp_path, capsys):
     assert "parameters all-gathered into their compute layout (FSDP)" in text
     # static instructions and per-step executions are labelled as such
     assert "instructions in the program" in text and "executions per step" in text
+
+
+def test_the_summary_puts_the_planners_prediction_beside_the_measurement(tmp_path, capsys):
+    import re
+
+    out = tmp_path / "run"
+    assert main(["train", "--steps", "20", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    summary = json.loads((out / "summary.json").read_text())
+    step = re.fullmatch(r"([\d.]+) ms measured \(median\) vs ([\d.]+) ms predicted: measured / "
+                        r"predicted = ([\d.]+)", summary["step time"])  # fmt: skip
+    assert step, summary["step time"]
+    measured, predicted, ratio = map(float, step.groups())
+    assert abs(measured / predicted - ratio) < 0.02 * ratio + 0.01
+    assert "predicted (planner's 'cpu' profile)" in summary["tokens/s vs predicted"]
+    assert re.fullmatch(r"[\d.]+% measured vs [\d.]+% predicted", summary["MFU vs predicted"])
+    assert "step time" in text and "MFU vs predicted" in text
