@@ -128,3 +128,42 @@ def test_show_html_is_a_styled_document_with_index_ranges(capsys):
                  "--format", "html", "--simulate", "8"]) == 0  # fmt: skip
     one = capsys.readouterr().out
     assert one.startswith("<!doctype html>") and "A 0:2" in one and "B 4:8" in one
+
+
+def test_devices_defaults_to_the_8_simulated_devices_the_other_commands_use():
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env["JAX_PLATFORMS"] = "cpu"
+    out = subprocess.run([sys.executable, "-m", "shardkit.cli", "devices"], env=env,
+                         capture_output=True, text=True)  # fmt: skip
+    assert out.returncode == 0 and "8 device(s)" in out.stdout, out.stdout + out.stderr
+
+
+def test_plan_your_own_transformer_from_flags_or_a_toml_file(tmp_path, capsys):
+    import json
+
+    args = ["plan", "--devices", "8", "--batch", "16", "--top", "2", "--json"]
+    arch = ["--layers", "8", "--d-model", "1024", "--heads", "8", "--kv-heads", "2",
+            "--vocab", "32000", "--seq", "1024"]  # fmt: skip
+    assert main([*args, *arch]) == 0
+    flags = json.loads(capsys.readouterr().out)
+    model = tmp_path / "model.toml"
+    model.write_text("layers = 8\nd_model = 1024\nheads = 8\nkv_heads = 2\nvocab = 32000\n"
+                     "seq = 1024\n")  # fmt: skip
+    assert main([*args, "--model-file", str(model)]) == 0
+    toml = json.loads(capsys.readouterr().out)
+    assert flags["candidates"] == toml["candidates"]  # the same model either way
+    assert main([*args, "--model", "llama3-8b", "--layers", "8"]) == 0  # a preset, changed
+    changed = json.loads(capsys.readouterr().out)
+    assert main([*args, "--model", "llama3-8b"]) == 0
+    whole = json.loads(capsys.readouterr().out)
+    assert changed["candidates"][0]["step_time"] < whole["candidates"][0]["step_time"]
+    assert main(["plan", "--layers", "8", "--d-model", "1024"]) == 2
+    assert "lacks heads, vocab, seq; fix: pass --heads N --vocab N --seq N" in (
+        capsys.readouterr().err)  # fmt: skip
+    model.write_text("layerz = 8\n")
+    assert main(["plan", "--model-file", str(model)]) == 2
+    assert "unknown field(s) layerz; fix:" in capsys.readouterr().err

@@ -60,7 +60,8 @@ def _setup_devices(n: int | None) -> None:
 
 
 def _cmd_devices(args: argparse.Namespace) -> int:
-    _setup_devices(args.simulate)
+    # 8 simulated CPU devices by default, as `show`, `inspect` and `train` use
+    _setup_devices(args.simulate if args.simulate is not None else _default_simulate())
     import jax
 
     devs = jax.devices()

@@ -9,14 +9,17 @@ Example:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import pathlib
 import sys
+import tomllib
 
 from shardkit.cli_args import at_least
 from shardkit.errors import ShardkitValueError
 from shardkit.plan.hardware import known_hardware
 from shardkit.plan.search import plan
-from shardkit.plan.workload import preset, presets
+from shardkit.plan.workload import Transformer, preset, presets
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -27,8 +30,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "one wins. --verify compiles the top layouts to check the predictions."
     )
     parser.add_argument(
-        "--model", default="gpt3-175b", help=f"preset: {', '.join(presets())} (default gpt3-175b)"
-    )
+        "--model", default=None, help=f"preset: {', '.join(presets())} (default gpt3-175b); "
+        "with the flags below, the preset changed",
+    )  # fmt: skip
+    parser.add_argument(
+        "--model-file", metavar="TOML",
+        help="your own transformer: a TOML file of shardkit.plan.Transformer fields (layers, "
+        "d_model, heads, vocab, seq, kv_heads, d_ff, gated, ...)",
+    )  # fmt: skip
+    for flag, field, text in _ARCH_FLAGS:
+        parser.add_argument(flag, dest=field, type=at_least(1), default=None, help=text)
     parser.add_argument(
         "--devices", type=at_least(1), default=8, help="number of chips (default 8)"
     )
@@ -71,6 +82,55 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--verify", action="store_true", help="compile the top layouts and compare")
 
 
+# your own transformer from the command line: flag -> Transformer field
+_ARCH_FLAGS = [
+    ("--layers", "layers", "transformer blocks"),
+    ("--d-model", "d_model", "model width"),
+    ("--heads", "heads", "attention heads"),
+    ("--kv-heads", "kv_heads", "key/value heads (grouped-query attention; default = heads)"),
+    ("--d-ff", "d_ff", "MLP hidden width (default 4 x d_model)"),
+    ("--vocab", "vocab", "vocabulary size"),
+]
+_REQUIRED = ("layers", "d_model", "heads", "vocab", "seq")
+
+
+def _workload(args: argparse.Namespace):
+    """The preset, the preset changed by the architecture flags, or the user's own model."""
+    changes = {f: getattr(args, f) for _, f, _ in _ARCH_FLAGS if getattr(args, f) is not None}
+    if args.seq:
+        changes["seq"] = args.seq
+    if args.precision:
+        changes["precision"] = args.precision
+    if args.model_file:
+        path = pathlib.Path(args.model_file)
+        try:
+            fields = tomllib.loads(path.read_text())
+        except tomllib.TOMLDecodeError as e:
+            raise ShardkitValueError(
+                f"--model-file {path}: not TOML ({e}); fix: write fields as layers = 32."
+            ) from None
+        known = {f.name for f in dataclasses.fields(Transformer)}
+        unknown = sorted(set(fields) - known)
+        if unknown:
+            raise ShardkitValueError(
+                f"--model-file {path}: unknown field(s) {', '.join(unknown)}; fix: use "
+                f"{', '.join(sorted(known))}."
+            )
+        fields = {**fields, **changes}
+    elif args.model is None and set(changes) - {"precision", "seq"}:
+        fields = changes  # only flags: the user's own transformer
+    else:
+        return preset(args.model or "gpt3-175b", **changes)
+    missing = [f for f in _REQUIRED if f not in fields]
+    if missing:
+        raise ShardkitValueError(
+            f"your own model lacks {', '.join(missing)}; fix: pass "
+            + " ".join(f"--{m.replace('_', '-')} N" for m in missing)
+            + " (or start from a preset with --model llama3-8b)."
+        )
+    return Transformer(**{"name": "custom", **fields})
+
+
 def _zero(text: str) -> tuple[int, ...]:
     if text.strip().lower() in ("", "none", "0"):
         return ()
@@ -84,12 +144,7 @@ def _zero(text: str) -> tuple[int, ...]:
 
 def run(args: argparse.Namespace) -> int:
     """Runs `shardkit plan`; returns the exit code."""
-    changes = {}
-    if args.precision:
-        changes["precision"] = args.precision
-    if args.seq:
-        changes["seq"] = args.seq
-    workload = preset(args.model, **changes)
+    workload = _workload(args)
     result = plan(
         workload,
         devices=args.devices,
