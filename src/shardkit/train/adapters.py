@@ -200,9 +200,6 @@ class _Equinox(ModelKind):
         )
         return model if train else eqx.nn.inference_mode(model)
 
-    def logical(self, model):
-        return None, None
-
 
 def kind_of(model: Any) -> ModelKind:
     """The `ModelKind` of a model object (its static part filled in by `abstract_model`)."""
