@@ -209,3 +209,12 @@ def test_the_summary_puts_the_planners_prediction_beside_the_measurement(tmp_pat
     assert "predicted (planner's 'cpu' profile)" in summary["tokens/s vs predicted"]
     assert re.fullmatch(r"[\d.]+% measured vs [\d.]+% predicted", summary["MFU vs predicted"])
     assert "step time" in text and "MFU vs predicted" in text
+
+
+def test_train_and_devices_print_json(tmp_path, capsys):
+    assert main(["train", "--steps", "10", "--out", str(tmp_path / "r"), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)  # nothing but the JSON document
+    assert data["steps"] == 10 and data["mesh"] and "step time" in data
+    assert main(["devices", "--json"]) == 0
+    devices = json.loads(capsys.readouterr().out)
+    assert len(devices["devices"]) == 8 and devices["backend"] == "cpu"

@@ -12,6 +12,7 @@ import argparse
 import errno
 import html
 import importlib
+import json
 import logging
 import os
 import sys
@@ -26,7 +27,7 @@ from shardkit.cli_args import (
     parse_shape_arg,
     parse_spec_arg,
 )
-from shardkit.common import html_page
+from shardkit.common import format_bytes, html_page
 from shardkit.compat import version_line
 from shardkit.errors import ShardkitError
 
@@ -65,23 +66,29 @@ def _cmd_devices(args: argparse.Namespace) -> int:
     import jax
 
     devs = jax.devices()
+    rows = []
+    for d in devs:
+        limit = None
+        try:
+            stats = d.memory_stats()
+            limit = (stats or {}).get("bytes_limit")
+        except Exception:  # noqa: BLE001 - memory_stats is unsupported on some backends (CPU)
+            pass
+        rows.append({"id": d.id, "kind": d.device_kind, "process": d.process_index,
+                     "platform": d.platform, "memory_bytes": limit})  # fmt: skip
+    if args.json:
+        info = {"versions": version_line(), "backend": jax.default_backend(),
+                "processes": jax.process_count(), "devices": rows}  # fmt: skip
+        print(json.dumps(info, indent=1))
+        return 0
     print(
         f"{version_line()}, backend {jax.default_backend()}, {len(devs)} device(s), "
         f"{jax.process_count()} process(es)"
     )
     print(f"{'id':>4}  {'kind':<24} {'process':>7}  memory")
-    for d in devs:
-        mem = "unknown"
-        try:
-            stats = d.memory_stats()
-            if stats and "bytes_limit" in stats:
-                # lazy: the CLI starts JAX only when a command runs
-                from shardkit.common import format_bytes
-
-                mem = format_bytes(stats["bytes_limit"])
-        except Exception:  # memory_stats is unsupported on some backends (e.g. CPU)
-            pass
-        print(f"{d.id:>4}  {d.device_kind:<24} {d.process_index:>7}  {mem}")
+    for r in rows:
+        mem = "unknown" if r["memory_bytes"] is None else format_bytes(r["memory_bytes"])
+        print(f"{r['id']:>4}  {r['kind']:<24} {r['process']:>7}  {mem}")
     return 0
 
 
@@ -161,6 +168,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
     p = sub.add_parser("devices", help="list devices, processes and memory")
     _add_simulate(p)
+    p.add_argument("--json", action="store_true", help="print the devices as JSON")
     p.set_defaults(func=_cmd_devices)
 
     p = sub.add_parser(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 
@@ -85,6 +86,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     parser.add_argument("--no-report", dest="report", action="store_false", default=None)
     parser.add_argument("--quiet", action="store_true", help="print only the final line")
+    parser.add_argument("--json", action="store_true", help="print only the run's summary, as JSON")
     parser.add_argument(
         "--processes", type=at_least(1), default=1,
         help="run as N local processes (shardkit launch), --devices split evenly over them",
@@ -115,6 +117,7 @@ def _argv(args: argparse.Namespace) -> list[str]:
     out += ["--overwrite"] * bool(getattr(args, "overwrite", None))
     out += ["--no-report"] * (getattr(args, "report", None) is False)
     out += ["--quiet"] * bool(getattr(args, "quiet", False))
+    out += ["--json"] * bool(getattr(args, "json", False))
     return out
 
 
@@ -150,5 +153,19 @@ def run(args: argparse.Namespace) -> int:
             simulate_cpu_devices(cfg.devices)
     from shardkit.train.run import train  # lazy: `shardkit train --help` starts no JAX
 
-    result = train(cfg, quiet=bool(getattr(args, "quiet", False)))
+    as_json = bool(getattr(args, "json", False))
+    if as_json:  # stdout holds the JSON document alone; the final line goes to stderr
+        from rich.console import Console  # lazy: `shardkit train --help` stays light
+
+        result = train(cfg, quiet=True, console=Console(file=sys.stderr))
+    else:
+        result = train(cfg, quiet=bool(getattr(args, "quiet", False)))
+    if as_json and os.environ.get(PROCESS_ID, "0") == "0":  # process 0 prints it
+        print(json.dumps({
+            **result.summary,
+            "strategy": repr(result.strategy),
+            "mesh": result.mesh_axes,
+            "collective_problems": result.collective_problems,
+            "report": None if result.report is None else str(result.report),
+        }, indent=1))  # fmt: skip
     return 1 if result.collective_problems else 0

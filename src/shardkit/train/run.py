@@ -74,6 +74,7 @@ class RunResult:
     strategy: Any
     mesh_axes: dict[str, int]
     params: Any = None
+    summary: dict[str, Any] = dataclasses.field(default_factory=dict)  # as in summary.json
 
 
 def _devices(cfg: TrainConfig):
@@ -596,6 +597,7 @@ def _finish(run, ckpt, state, history, compiled, compile_s) -> RunResult:
         strategy=run.trainer.strategy,
         mesh_axes=dict(run.trainer.bound.axis_sizes),
         params=state.params,
+        summary=summary,
     )
 
 
