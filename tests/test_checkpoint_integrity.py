@@ -238,3 +238,28 @@ def test_old_checkpoints_without_digests_still_restore_with_a_warning(tmp_path):
     for a, b in zip(host(state), saved[2], strict=True):
         np.testing.assert_array_equal(a, b)
     ckpt.close()
+
+
+def test_saving_a_step_that_exists_is_a_no_op_for_the_same_state_and_an_error_otherwise(
+    tmp_path,
+):
+    import optax
+    from flax import nnx
+
+    from shardkit.models import MLP, classification_loss
+    from shardkit.strategies import DataParallel
+    from shardkit.train import Checkpointer, Trainer
+
+    trainer = Trainer(lambda k: MLP((8, 16, 4), rngs=nnx.Rngs(k)), optax.adam(1e-2),
+                      classification_loss, strategy=DataParallel())  # fmt: skip
+    for attempt in range(2):  # a script run twice into one folder
+        state = trainer.init(0)
+        ckpt = Checkpointer(tmp_path / "c")
+        saved = ckpt.save(state, force=True)
+        ckpt.close()
+        assert saved is (attempt == 0)
+    other = trainer.init(1)  # other values under the same step
+    ckpt = Checkpointer(tmp_path / "c")
+    with pytest.raises(ValueError, match=r"step 0 already exists .* other values; fix:"):
+        ckpt.save(other, force=True)
+    ckpt.close()

@@ -260,8 +260,10 @@ def test_device_counts_that_do_not_divide_the_mesh(capsys):
     assert cli.main(["train", "--processes", "3", "--devices", "8"]) == 2
     err = capsys.readouterr().err
     assert "--devices 8 do not split evenly over --processes 3" in err and "fix: " in err
-    assert cli.main(["launch", "-n", "0", "--", "python", "-c", "pass"]) == 2
-    assert "processes=0 must be >= 1" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:  # refused by the flag's own check, in one line
+        cli.main(["launch", "-n", "0", "--", "python", "-c", "pass"])
+    assert e.value.code == 2
+    assert "argument -n/--processes: 0 is below 1" in capsys.readouterr().err
     # `shardkit train --processes 2 ...` hands each rank the same settings, minus --processes
     argv = ["train", "--processes", "2", "--steps", "7", "--mesh", "data=2,fsdp=4", "--resume",
             "--no-report", "--strategy", "hybrid", "--lr", "0.01"]  # fmt: skip

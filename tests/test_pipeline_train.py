@@ -120,7 +120,7 @@ def test_shardkit_train_pipeline_and_checkpoint_across_stage_counts(tmp_path, ca
     assert "bubble: executed table 0.429 idle; simulator 0.429" in text
     assert "collective-permute" in text and "collectives match the strategy" in text
     html = (out / "report.html").read_text()
-    assert "Pipeline schedule" in html and 'src="pipeline.png"' in html
+    assert "Pipeline schedule" in html and 'alt="pipeline schedule timeline"' in html
     assert (out / "pipeline.png").stat().st_size > 0
     losses = [r["loss"] for r in json.loads((out / "metrics.json").read_text())]
     assert len(losses) == 6 and losses[-1] < losses[0], losses

@@ -283,10 +283,10 @@ def test_cli_plan_verify_json_is_one_json_document(verification, monkeypatch, ca
     # --verify --json prints one document holding the plan and the verification (the
     # verification is the module's compiled one, so the CLI's own compile is not repeated)
     from shardkit.cli import main
-    from shardkit.plan import search, workload
+    from shardkit.plan import command, search
 
     tiny = Transformer.from_gpt_config(CFG, batch=BATCH)
-    monkeypatch.setattr(workload, "preset", lambda name, **changes: tiny)
+    monkeypatch.setattr(command, "preset", lambda name, **changes: tiny)
     calls = []
     monkeypatch.setattr(search.Plan, "verify", lambda self, **kw: calls.append(kw) or verification)
     argv = ["plan", "--model", "tiny", "--devices", "8", "--hardware", "cpu", "--top", "2"]
@@ -305,10 +305,10 @@ def test_cli_plan_verify_exits_1_when_a_quantity_is_out_of_bounds(verification, 
     from types import SimpleNamespace
 
     from shardkit.cli import main
-    from shardkit.plan import search, workload
+    from shardkit.plan import command, search
 
     tiny = Transformer.from_gpt_config(CFG, batch=BATCH)
-    monkeypatch.setattr(workload, "preset", lambda name, **changes: tiny)
+    monkeypatch.setattr(command, "preset", lambda name, **changes: tiny)
     failed = SimpleNamespace(ok=False, render=lambda: "row out of bounds", to_dict=lambda: {})
     monkeypatch.setattr(search.Plan, "verify", lambda self, **kw: failed)
     argv = ["plan", "--model", "tiny", "--devices", "8", "--hardware", "cpu", "--top", "2"]

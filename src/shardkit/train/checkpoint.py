@@ -140,9 +140,13 @@ class Checkpointer:
 
         The metadata gets a digest of every array, checked by `restore`.
 
+        Saving a step already on disk again is a no-op when the values are the same (a script
+        run twice) and an error when they differ.
+
         Raises:
             NonFiniteStateError: when the state holds NaN or Inf (nothing is written, so the
                 newest finite checkpoint stays the newest).
+            ValueError: the step exists in the folder with other values.
         """
         step = int(jax.device_get(state.step))
         if not (force or self.manager.should_save(step)):
@@ -153,6 +157,15 @@ class Checkpointer:
                 f"step {step}: {len(bad)} arrays hold NaN or Inf ({', '.join(bad[:3])}), so no "
                 f"checkpoint was written; the newest finite one is step {self.latest_step()} in "
                 f"{self.directory}; fix: resume from it with a lower learning rate."
+            )
+        if step in self.manager.all_steps():  # e.g. a script run twice into one folder
+            saved = (self._shardkit_entry_quiet(step) or {}).get("digests")
+            if saved == digests:
+                return False  # this very state is already on disk
+            raise ShardkitValueError(
+                f"checkpoint step {step} already exists in {self.directory} and holds other "
+                "values; fix: save into a new folder, or delete that step (or start the run "
+                "with --overwrite) to replace it."
             )
         entry = {"format": _FORMAT, "step": step, "digests": digests}
         args = ocp.args.Composite(
@@ -249,6 +262,12 @@ class Checkpointer:
                 stacklevel=4,
             )
         return entry
+
+    def _shardkit_entry_quiet(self, step: int) -> dict | None:
+        try:
+            return self._raw_meta(step).get("shardkit")
+        except Exception:  # noqa: BLE001 - unreadable metadata: treated as other values
+            return None
 
     def _rejected_dir(self) -> epath.Path:
         return self.directory.parent / f"{self.directory.name}.rejected"

@@ -31,7 +31,7 @@ from shardkit.errors import ShardkitValueError
 from shardkit.layout import spec_notation
 from shardkit.mesh import describe_mesh
 from shardkit.models import GPT, GPTConfig, lm_loss
-from shardkit.plan import Transformer, evaluate
+from shardkit.plan import Transformer
 from shardkit.plan.hardware import hardware_for
 from shardkit.strategies import Auto, from_name
 from shardkit.train.checkpoint import (
@@ -54,7 +54,7 @@ from shardkit.train.lock import RunLock
 from shardkit.train.metrics import History, Progress, host_matmul_flops
 from shardkit.train.pipeline_view import pipeline_rows
 from shardkit.train.report import write_report
-from shardkit.train.step_audit import audit_step
+from shardkit.train.step_audit import audit_step, predicted_vs_measured
 from shardkit.train.tensorboard import ProfileWindow, ScalarWriter
 from shardkit.train.trainer import Trainer
 
@@ -454,34 +454,11 @@ def _summary(run, history, eval_acc, eval_loss, compile_s, ckpt) -> tuple[dict, 
         "MFU estimate": f"{achieved / peak:.1%} of measured host matmul peak {peak:.3g} FLOP/s"
         if math.isfinite(peak)
         else "n/a (pass the accelerator peak)",
-        **_predicted_vs_measured(run, tok_s, achieved / peak if math.isfinite(peak) else None),
+        **predicted_vs_measured(run, tok_s, achieved / peak if math.isfinite(peak) else None),
         "compile time": f"{compile_s:.1f} s",
         "checkpoints": f"{ckpt.directory} steps {ckpt.all_steps()}",
     }
     return summary, tok_s
-
-
-def _predicted_vs_measured(run, tok_s: float, mfu: float | None) -> dict[str, str]:
-    """The planner's prediction for the layout that ran, beside what was measured."""
-    try:
-        workload = Transformer.from_gpt_config(
-            run.model_cfg, batch=run.cfg.batch, precision=run.cfg.precision
-        )
-        profile = hardware_for(run.devices)
-        c = evaluate(workload, profile, remat=run.model_cfg.remat, **run.trainer.bound.layout())
-    except (ValueError, KeyError) as e:  # a layout or device the planner has no model of
-        return {"predicted (planner)": f"n/a ({type(e).__name__}: {str(e)[:80]})"}
-    tokens = run.cfg.batch * run.model_cfg.seq_len
-    step = tokens / tok_s if tok_s else float("nan")
-    out = {
-        "step time": f"{step * 1e3:.2f} ms measured (median) vs {c.step_time * 1e3:.2f} ms "
-        f"predicted: measured / predicted = {step / c.step_time:.2f}",
-        "tokens/s vs predicted": f"{tok_s:,.0f} measured vs {tokens / c.step_time:,.0f} "
-        f"predicted (planner's {profile!r} profile)",
-    }
-    if mfu is not None:
-        out["MFU vs predicted"] = f"{mfu:.1%} measured vs {c.mfu:.1%} predicted"
-    return out
 
 
 def _report(run, summary, coll_rows, problems, memory, audit, history, explained=()):

@@ -1,7 +1,7 @@
 """The audit `shardkit train` prints and reports: the compiled step's collectives against the
-strategy's expected list, memory per device, and the generic audit's warnings with the
+strategy's expected list, memory per device, the generic audit's warnings with the
 collectives the strategy itself asks for (FSDP's parameter gathers, gradient sums) taken out
-and explained.
+and explained, and the planner's prediction for the layout that ran beside the measurement.
 """
 
 from __future__ import annotations
@@ -16,8 +16,10 @@ from jax.sharding import PartitionSpec as P
 from shardkit.common import format_bytes
 from shardkit.inspection import inspect
 from shardkit.inspection.hlo import collective_counts, parse_shape
+from shardkit.plan import Transformer, evaluate
+from shardkit.plan.hardware import hardware_for
 
-__all__ = ["audit_step", "strategy_owned"]
+__all__ = ["audit_step", "predicted_vs_measured", "strategy_owned"]
 
 
 def audit_step(trainer, compiled) -> tuple[list[dict], list[str], list[dict], Any, list[str]]:
@@ -133,3 +135,26 @@ def strategy_owned(trainer, report) -> tuple[Any, list[str]]:
         for kind, n in sorted(counted.items())
     ]
     return dataclasses.replace(report, warnings=tuple(kept)), lines
+
+
+def predicted_vs_measured(run, tok_s: float, mfu: float | None) -> dict[str, str]:
+    """The planner's prediction for the layout that ran, beside what was measured."""
+    try:
+        workload = Transformer.from_gpt_config(
+            run.model_cfg, batch=run.cfg.batch, precision=run.cfg.precision
+        )
+        profile = hardware_for(run.devices)
+        c = evaluate(workload, profile, remat=run.model_cfg.remat, **run.trainer.bound.layout())
+    except (ValueError, KeyError) as e:  # a layout or device the planner has no model of
+        return {"predicted (planner)": f"n/a ({type(e).__name__}: {str(e)[:80]})"}
+    tokens = run.cfg.batch * run.model_cfg.seq_len
+    step = tokens / tok_s if tok_s else float("nan")
+    out = {
+        "step time": f"{step * 1e3:.2f} ms measured (median) vs {c.step_time * 1e3:.2f} ms "
+        f"predicted: measured / predicted = {step / c.step_time:.2f}",
+        "tokens/s vs predicted": f"{tok_s:,.0f} measured vs {tokens / c.step_time:,.0f} "
+        f"predicted (planner's {profile!r} profile)",
+    }
+    if mfu is not None:
+        out["MFU vs predicted"] = f"{mfu:.1%} measured vs {c.mfu:.1%} predicted"
+    return out
