@@ -37,7 +37,16 @@ try:  # optional: Equinox models are accepted when Equinox is installed
 except ImportError:  # pragma: no cover - equinox is a test dependency
     eqx = None
 
-__all__ = ["Linen", "ModelKind", "Abstract", "abstract_model", "kind_of"]
+__all__ = [
+    "Abstract",
+    "Linen",
+    "ModelKind",
+    "abstract_model",
+    "cast_like",
+    "describe_state",
+    "kind_of",
+    "split_model",
+]
 
 
 # -- Linen ------------------------------------------------------------------------------------

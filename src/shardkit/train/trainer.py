@@ -110,7 +110,8 @@ class Trainer:
 
     Example:
         >>> import optax
-        >>>         >>> from shardkit.models import MLP, classification_loss
+        >>> from flax import nnx
+        >>> from shardkit.models import MLP, classification_loss
         >>> from shardkit.strategies import DataParallel
         >>> trainer = Trainer(lambda k: MLP((16, 32, 4), rngs=nnx.Rngs(k)), optax.adam(1e-3),
         ...                   classification_loss, strategy=DataParallel())
