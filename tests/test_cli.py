@@ -82,6 +82,10 @@ def test_help_imports_no_jax():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip().endswith("False")
     assert "devices" in out.stdout and "train" in out.stdout and "inspect" in out.stdout
+    # `shardkit train --help`: tyro builds the flags from TrainConfig, still without JAX
+    out = subprocess.run([sys.executable, "-c", code.replace("'--help'", "'train', '--help'")],
+                         capture_output=True, text=True, check=True)  # fmt: skip
+    assert out.stdout.strip().endswith("False") and "--weight-decay" in out.stdout
 
 
 @pytest.mark.parametrize(
@@ -93,6 +97,11 @@ def test_help_imports_no_jax():
         (["plan", "--virtual", "0"], r"argument --virtual: 0 is below 1"),
         (["plan", "--devices", "x"], r"argument --devices: 'x' is not an integer"),
         (["train", "--processes", "0"], r"argument --processes: 0 is below 1"),
+        (["train", "--strategy", "bogus"], r"invalid choice 'bogus' for argument '--strategy'"),
+        (["train", "--stepz", "3"], r"Unrecognized options: --stepz"),
+        (["train", "--lr", "abc"], r"--lr.*'abc'"),
+        (["train", "--steps"], r"Missing value for argument '--steps'"),
+        (["train", "--mesh", "data"], r"write mesh axes as name=size"),
         (["launch", "-n", "2", "--port", "99999", "--", "true"], r"99999 is not a TCP port"),
         (["show", "--simulate", "0"], r"argument --simulate: 0 is below 1"),
         (["show", "--format", "pdf"], r"argument --format: invalid choice"),

@@ -53,7 +53,7 @@ def test_bad_config_values_are_clear_errors(tmp_path, capsys):
     bad = tmp_path / "bad.toml"
     bad.write_text('strategy = "pipeline"\n')
     assert main(["train", "--config", str(bad), "--out", str(tmp_path / "o")]) == 2
-    assert "unknown strategy 'pipeline'" in capsys.readouterr().err
+    assert "strategy='pipeline' is not one of auto, dp, fsdp" in capsys.readouterr().err
     bad.write_text("stepz = 3\n")
     with pytest.raises(ValueError, match=r"unknown config key\(s\) stepz.*fix"):
         load(str(bad))
@@ -72,17 +72,19 @@ def test_toml_then_flags(tmp_path):
     path.write_text(
         "steps = 7\nbatch = 16\nmesh = { fsdp = 4, tensor = 2 }\n[model]\nd_model = 32\n"
     )
-    from argparse import Namespace
+    from shardkit.train.command import parse_args
 
-    from shardkit.train.command import config_from_args
-
-    cfg = config_from_args(Namespace(config=str(path), steps=9, mesh=None))
+    cfg = parse_args(["--config", str(path), "--steps", "9"]).settings
     assert (cfg.steps, cfg.batch, cfg.d_model, dict(cfg.mesh)) == (
         9,
         16,
         32,
         {"fsdp": 4, "tensor": 2},
     )
+    # flags after and before --config both override the file; --mesh replaces its mesh
+    cfg = parse_args(["--mesh", "data=8", "--layers", "3", "--config", str(path)]).settings
+    assert (cfg.steps, cfg.n_layers, dict(cfg.mesh)) == (7, 3, {"data": 8})
+    assert parse_args([]).settings == TrainConfig()  # no file, no flags: the defaults
 
 
 def test_batch_not_divisible_by_data_axes_is_reported(tmp_path, capsys):
@@ -218,3 +220,59 @@ def test_train_and_devices_print_json(tmp_path, capsys):
     assert main(["devices", "--json"]) == 0
     devices = json.loads(capsys.readouterr().out)
     assert len(devices["devices"]) == 8 and devices["backend"] == "cpu"
+
+
+def test_every_config_field_is_a_flag_with_its_choices(capsys):
+    """The flags are generated from TrainConfig: none is missing, enumerations list choices."""
+    import dataclasses
+    import typing
+
+    from shardkit.models.gpt import Remat
+    from shardkit.pipeline.names import SCHEDULE_NAMES, schedule_from_name
+    from shardkit.strategies.parse import NAMES
+    from shardkit.train import config as config_module
+
+    with pytest.raises(SystemExit) as e:
+        main(["train", "--help"])
+    assert e.value.code == 0
+    text = " ".join(capsys.readouterr().out.replace("│", " ").split())
+    for field in dataclasses.fields(TrainConfig):
+        assert f"--{field.name.replace('_', '-')}" in text or (
+            field.type == "bool" and f"--no-{field.name}" in text
+        ), field.name
+    for flag in ("--layers", "--heads", "--config", "--processes", "--json", "--quiet"):
+        assert flag in text, flag
+    assert "{auto,dp,fsdp,zero1,tp,hybrid}" in text and "{float32,bfloat16}" in text
+    assert "{none,block,dots}" in text and "{stop,skip}" in text and "interleaved-vN" in text
+    # the choices are the names the strategies, the GPT and the pipeline accept
+    assert typing.get_args(config_module.Strategy) == NAMES
+    assert typing.get_args(config_module.Remat) == typing.get_args(Remat)
+    assert set(SCHEDULE_NAMES) <= set(config_module.SCHEDULES)
+    for name in config_module.SCHEDULES:
+        schedule_from_name(name.replace("vN", "v3"))
+    # each setting's flag sets it
+    from shardkit.train.command import parse_args
+
+    cfg = parse_args(["--warmup", "5", "--weight-decay", "0", "--seq-len", "32", "--digits", "9",
+                      "--eval-batches", "2", "--d-ff", "96", "--no-report", "--resume",
+                      "--schedule", "zb-h1", "--residuals", "stash"]).settings  # fmt: skip
+    assert (cfg.warmup, cfg.weight_decay, cfg.seq_len, cfg.digits, cfg.eval_batches, cfg.d_ff,
+            cfg.report, cfg.resume, cfg.schedule, cfg.residuals) == (
+        5, 0.0, 32, 9, 2, 96, False, True, "zb-h1", "stash")  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "flag, value, match",
+    [("--warmup", "-1", "warmup=-1 must be >= 0"), ("--seq-len", "1", "seq_len=1 must be >= 2"),
+     ("--weight-decay", "-0.1", "weight_decay=-0.1 is not a non-negative"),
+     ("--eval-batches", "0", "eval_batches=0 must be >= 1"),
+     ("--d-model", "0", "d_model=0 must be >= 1")],
+)  # fmt: skip
+def test_numeric_settings_are_range_checked(flag, value, match, tmp_path, capsys):
+    assert main(["train", flag, value, "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and match in err and "fix: --" in err, err
+    bad = tmp_path / "bad.toml"  # the same check for a TOML file's value
+    bad.write_text(f"{flag[2:].replace('-', '_')} = {value}\n")
+    with pytest.raises(ValueError, match=match):
+        load(str(bad))
