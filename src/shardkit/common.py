@@ -13,25 +13,17 @@ from typing import Any
 __all__ = ["deprecated_aliases", "format_bytes", "html_page", "path_str"]
 
 
-def format_bytes(n: float | None, *, digits: int = 1, decimal: bool = False) -> str:
-    """Bytes with a unit: binary (``1536 -> '1.5 KiB'``) or, with ``decimal``, the planner's
-    powers of 1000 up to GB (``2.5e6 -> '2.5 MB'``, ``2.8e12 -> '2,800.0 GB'``); ``None -> '?'``
-    (a size nobody measured).
+def format_bytes(n: float | None, *, digits: int = 1) -> str:
+    """Bytes in binary units, shardkit's one convention (``1536 -> '1.5 KiB'``, ``80 * 2**30
+    -> '80.0 GiB'``); ``None -> '?'`` (a size nobody measured).
 
     Example:
         >>> format_bytes(3 * 2**20), format_bytes(1536, digits=2), format_bytes(None)
         ('3.0 MiB', '1.50 KiB', '?')
-        >>> format_bytes(236_400, decimal=True)
-        '236.4 KB'
     """
     if n is None:
         return "?"
     n = float(n)
-    if decimal:
-        for scale, unit in ((1e9, "GB"), (1e6, "MB"), (1e3, "KB")):
-            if abs(n) >= scale:
-                return f"{n / scale:,.{digits}f} {unit}"
-        return f"{n:.0f} B"
     for unit in ("B", "KiB", "MiB", "GiB"):
         if abs(n) < 1024:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.{digits}f} {unit}"

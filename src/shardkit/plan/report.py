@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
-from shardkit.common import format_bytes
+from shardkit.common import format_bytes as _size
 from shardkit.plan.memory import model_state_bytes
-
-_SI = functools.partial(format_bytes, decimal=True)  # the planner's units: KB, MB, GB
 
 _SHORT = {
     "all-gather": "AG",
@@ -27,7 +24,7 @@ def _time(s: float) -> str:
 
 def collectives_text(c) -> str:
     """`AG 12.3 GB RS 12.3 GB AR 400.0 MB`: bytes each device moves per step, by kind."""
-    return " ".join(f"{_SHORT[k]} {_SI(v)}" for k, v in c.collectives.items()) or "none"
+    return " ".join(f"{_SHORT[k]} {_size(v)}" for k, v in c.collectives.items()) or "none"
 
 
 def table(plan, top: int = 8):
@@ -42,8 +39,8 @@ def table(plan, top: int = 8):
     hw = plan.hardware
     title = (
         f"{plan.workload.name}: {plan.workload.n_params() / 1e9:.2f}B params, batch "
-        f"{plan.workload.batch}, on {plan.devices} x {hw.name} ({_SI(hw.usable_bytes)} of "
-        f"{_SI(hw.hbm_bytes)} usable) - {len(plan.candidates)} layouts fit"
+        f"{plan.workload.batch}, on {plan.devices} x {hw.name} ({_size(hw.usable_bytes)} of "
+        f"{_size(hw.hbm_bytes)} usable) - {len(plan.candidates)} layouts fit"
     )
     t = Table(title=title, title_justify="left")
     for col, just in [
@@ -54,10 +51,10 @@ def table(plan, top: int = 8):
     ]:  # fmt: skip
         t.add_column(col, justify=just)
     for i, c in enumerate(plan.candidates[:top], 1):
-        state = f"{_SI(c.param_bytes)} / {_SI(c.grad_bytes)} / {_SI(c.opt_bytes)}"
+        state = f"{_size(c.param_bytes)} / {_size(c.grad_bytes)} / {_size(c.opt_bytes)}"
         t.add_row(
             str(i), _label(c), c.remat, f"{c.microbatches} x {c.micro_batch}", state,
-            _SI(c.activation_bytes + c.logits_bytes), _SI(c.peak_bytes), collectives_text(c),
+            _size(c.activation_bytes + c.logits_bytes), _size(c.peak_bytes), collectives_text(c),
             _time(c.step_time), f"{c.mfu:.0%}", c.bottleneck,
         )  # fmt: skip
     return t
@@ -78,11 +75,11 @@ def why(plan) -> str:
     parts = [f"{c.layout} is predicted fastest: {_time(c.step_time)} per step, MFU {c.mfu:.0%}."]
     zero = {0: "replicated", 1: "ZeRO-1: optimizer state split", 3: "ZeRO-3: all split"}[c.zero]
     parts.append(
-        f"Per device it holds {_SI(state)} of model state ({zero}), "
-        f"{_SI(c.activation_bytes + c.logits_bytes)} of activations (remat={c.remat}, "
+        f"Per device it holds {_size(state)} of model state ({zero}), "
+        f"{_size(c.activation_bytes + c.logits_bytes)} of activations (remat={c.remat}, "
         f"{c.microbatches} micro-batch{'es' if c.microbatches > 1 else ''} of {c.micro_batch}) "
-        f"and {_SI(c.gathered_bytes)} of gathered or cast weights: {_SI(c.peak_bytes)} of "
-        f"{_SI(hw.usable_bytes)} usable."
+        f"and {_size(c.gathered_bytes)} of gathered or cast weights: {_size(c.peak_bytes)} of "
+        f"{_size(hw.usable_bytes)} usable."
     )
     split = [f"compute {_time(c.compute_time)}"]
     for axis, t in c.comm_time.items():
@@ -96,7 +93,7 @@ def why(plan) -> str:
     full = _replicated_state(w)
     if full > hw.usable_bytes:
         parts.append(
-            f"Plain data parallelism would need {_SI(full)} of model state per device, "
+            f"Plain data parallelism would need {_size(full)} of model state per device, "
             "more than fits."
         )
     if not c.runnable:

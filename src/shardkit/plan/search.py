@@ -15,20 +15,17 @@ Example:
 
 from __future__ import annotations
 
-import functools
 import json
 import math
 from typing import Any
 
-from shardkit.common import format_bytes
+from shardkit.common import format_bytes as _size
 from shardkit.errors import ShardkitError, ShardkitTypeError, ShardkitValueError
 from shardkit.plan.cost import Candidate, divisors, evaluate
 from shardkit.plan.hardware import Hardware, get_hardware
 from shardkit.plan.memory import model_state_bytes
 from shardkit.plan.report import render, table, why
 from shardkit.plan.workload import REMAT_POLICIES, Dense, Transformer, preset
-
-_SI = functools.partial(format_bytes, decimal=True)  # the planner's units: KB, MB, GB
 
 
 class NoValidLayoutError(ShardkitError, ValueError):
@@ -225,12 +222,12 @@ def _no_fit_message(w, hw: Hardware, n: int, smallest, policies, more, zero3: bo
     if state3 > budget:
         state_devices = 2 ** math.ceil(math.log2(state3 * n / budget))
         fixes.append(
-            f"more devices: the model state alone (ZeRO-3 over all {n}) is {_SI(state3)} per "
+            f"more devices: the model state alone (ZeRO-3 over all {n}) is {_size(state3)} per "
             f"device, so the state alone needs at least {state_devices} devices; {fit}"
         )
     else:
         fixes.append(
-            f"more devices (ZeRO-3 state over {n} is {_SI(state3)}; the rest is activations, "
+            f"more devices (ZeRO-3 state over {n} is {_size(state3)}; the rest is activations, "
             f"split further by tensor or pipeline degrees): {fit}"
         )
     if "block" not in policies:
@@ -248,14 +245,15 @@ def _no_fit_message(w, hw: Hardware, n: int, smallest, policies, more, zero3: bo
     if smallest is not None:
         detail = (
             f"; the smallest layout ({smallest.layout}, remat={smallest.remat}) needs "
-            f"{_SI(smallest.peak_bytes)}: state {_SI(smallest.param_bytes + smallest.opt_bytes)}"
-            f" + gradients {_SI(smallest.grad_bytes)} + activations "
-            f"{_SI(smallest.activation_bytes + smallest.logits_bytes)}"
+            f"{_size(smallest.peak_bytes)}: state "
+            f"{_size(smallest.param_bytes + smallest.opt_bytes)}"
+            f" + gradients {_size(smallest.grad_bytes)} + activations "
+            f"{_size(smallest.activation_bytes + smallest.logits_bytes)}"
         )
     return (
-        f"{w.name!r} fits on no layout of {n} x {hw.name}: it needs at least {_SI(need)} per "
-        f"device but {_SI(budget)} is usable ({hw.memory_fraction:.0%} of "
-        f"{_SI(hw.hbm_bytes)}), {_SI(need - budget)} ({need / budget:.1f}x) too much{detail}. "
+        f"{w.name!r} fits on no layout of {n} x {hw.name}: it needs at least {_size(need)} per "
+        f"device but {_size(budget)} is usable ({hw.memory_fraction:.0%} of "
+        f"{_size(hw.hbm_bytes)}), {_size(need - budget)} ({need / budget:.1f}x) too much{detail}. "
         f"fix: {'; '.join(fixes)}."
     )
 
