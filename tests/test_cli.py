@@ -1,5 +1,7 @@
 """The shardkit command: show on 1-D..4-D arrays, devices, bad arguments, lazy imports."""
 
+import json
+import os
 import subprocess
 import sys
 
@@ -176,3 +178,26 @@ def test_plan_your_own_transformer_from_flags_or_a_toml_file(tmp_path, capsys):
     model.write_text("layerz = 8\n")
     assert main(["plan", "--model-file", str(model)]) == 2
     assert "unknown field(s) layerz; fix:" in capsys.readouterr().err
+
+
+def test_inspect_of_a_library_function_names_that_function_not_the_launcher():
+    """Run as users do, through the installed `shardkit` script: the collectives of
+    jax.numpy.fft.fftn come from fftn's definition, not from the launcher or shardkit."""
+    import pathlib
+
+    script = pathlib.Path(sys.executable).parent / "shardkit"
+    if not script.exists():
+        pytest.skip(f"no console script beside {sys.executable}: shardkit is not installed there")
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    out = subprocess.run(
+        [str(script), "inspect", "jax.numpy.fft:fftn", "--mesh", "x=4,y=2", "--json",
+         "--args", "c64[64,64,64]@x,y"],
+        capture_output=True, text=True, env=env, timeout=300,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    sources = [c["source"] for c in report["collectives"]]
+    assert sources and all(s is not None for s in sources), sources
+    for s in sources:
+        assert s["function"] == "fftn" and s["file"].endswith("numpy/fft.py"), s
+    assert all(str(script) not in w["message"] for w in report["warnings"]), report["warnings"]

@@ -18,6 +18,7 @@ Example:
 
 from __future__ import annotations
 
+import inspect as pyinspect
 import math
 import time
 from collections.abc import Mapping, Sequence
@@ -95,11 +96,13 @@ def collectives_of(
     mesh_sizes: tuple[int, ...],
     *,
     branch_counts: Mapping[str, Sequence[int]] | None = None,
+    fallback: hlo.SourceFrame | None = None,
 ) -> tuple[Collective, ...]:
     """Every collective of a parsed program, decoded against a mesh (names and sizes).
 
     `branch_counts` weights the branches of named conditionals (see
     `shardkit.inspection.hlo.execution_counts`); without it every branch counts as taken.
+    `fallback` is the source of a collective whose traceback holds no frame of the user's.
     """
     counts = hlo.execution_counts(module, branch_counts)
     out = []
@@ -148,7 +151,7 @@ def collectives_of(
                 axes=axes,
                 partial=partial,
                 count=counts.get(ins.computation),
-                source=hlo.user_frame(tb),
+                source=hlo.user_frame(tb) or fallback,
                 traceback=tb,
                 op_name=ins.op_name,
                 upcast_from=_upcast_source(module, ins),
@@ -156,6 +159,15 @@ def collectives_of(
             )
         )
     return tuple(out)
+
+
+def _definition(fn: Any) -> hlo.SourceFrame | None:
+    """Where `fn` is defined: the source of collectives no user frame explains (a library
+    function audited on its own, e.g. `shardkit inspect jax.numpy.fft:fftn`)."""
+    code = getattr(pyinspect.unwrap(getattr(fn, "__wrapped__", fn)), "__code__", None)
+    if code is None:
+        return None
+    return hlo.SourceFrame(file=code.co_filename, line=code.co_firstlineno, function=code.co_name)
 
 
 def _memory(compiled: Any) -> MemoryStats | None:
@@ -345,7 +357,9 @@ def inspect(
             "mesh= the mesh the program was compiled for."
         )
     t1 = time.perf_counter()
-    colls = collectives_of(module, names, sizes, branch_counts=branch_counts)
+    colls = collectives_of(
+        module, names, sizes, branch_counts=branch_counts, fallback=_definition(fn)
+    )
     platform = _platform(compiled)
     findings = _findings(compiled, colls, large_bytes, platform)
     parse_seconds = parse_text + time.perf_counter() - t1

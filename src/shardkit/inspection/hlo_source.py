@@ -24,26 +24,45 @@ def _stdlib() -> str:
 
 
 _STDLIB = _stdlib()
+# console-script launchers (`.venv/bin/shardkit`) and the CLI's command modules call the user's
+# function; they are never the user's code
+_SCRIPTS = (sysconfig.get_paths().get("scripts") or "\0").replace("\\", "/").rstrip("/") + "/"
+_COMMAND = re.compile(r"/shardkit/(?:\w+/)?command\.py$")
+
+
+def _is_machinery(file: str) -> bool:
+    """shardkit's audit and CLI, and console-script launchers: callers, never the code."""
+    return (
+        file.startswith(_SCRIPTS)
+        or "/shardkit/inspection/" in file
+        or file.endswith("/shardkit/cli.py")
+        or bool(_COMMAND.search(file))
+    )
 
 
 def is_library_frame(frame: SourceFrame) -> bool:
-    """True for frames inside JAX, installed packages, the stdlib, or shardkit's audit and CLI."""
+    """True for frames inside JAX, installed packages, the stdlib, console-script launchers,
+    or shardkit's audit and CLI."""
     f = frame.file.replace("\\", "/")
     return (
         any(m in f for m in _LIB_MARKERS)
         or f.startswith(_STDLIB)
-        or "/shardkit/inspection/" in f
-        or f.endswith("/shardkit/cli.py")
+        or _is_machinery(f)
         or f.startswith("<frozen")
     )
 
 
 def user_frame(traceback: tuple[SourceFrame, ...]) -> SourceFrame | None:
-    """The innermost frame of `traceback` that is the user's code (library frames skipped)."""
+    """The innermost frame of `traceback` that is the user's code (library frames skipped);
+    without one, the innermost library frame outside shardkit's audit, CLI and launchers; None
+    when only those remain (a library function audited on its own, whose frames JAX hides)."""
     for frame in traceback:
         if not is_library_frame(frame):
             return frame
-    return traceback[0] if traceback else None
+    for frame in traceback:
+        if not _is_machinery(frame.file.replace("\\", "/")):
+            return frame
+    return None
 
 
 def _own_source(module: HloModule, instr: Instruction) -> tuple[SourceFrame, ...]:
