@@ -201,3 +201,27 @@ def test_inspect_of_a_library_function_names_that_function_not_the_launcher():
     for s in sources:
         assert s["function"] == "fftn" and s["file"].endswith("numpy/fft.py"), s
     assert all(str(script) not in w["message"] for w in report["warnings"]), report["warnings"]
+
+
+def test_show_json_gives_each_devices_block():
+    import io
+    from contextlib import redirect_stdout
+
+    buf = io.StringIO()
+    with redirect_stdout(buf):
+        code = main(["show", "--shape", "8,6", "--mesh", "data=4,model=2", "--spec", "data,model",
+                     "--json", "--simulate", "8"])  # fmt: skip
+    assert code == 0
+    doc = json.loads(buf.getvalue())
+    assert doc["shape"] == [8, 6] and doc["mesh"] == {"data": 4, "model": 2}
+    assert doc["spec"] == ["data", "model"] and doc["notation"] == "x[A_data, B_model]"
+    blocks = sorted(tuple(map(tuple, d["block"])) for d in doc["devices"])
+    # 4 row blocks of 2 x 2 column blocks of 3: every element on exactly one device
+    assert blocks == sorted(((r, r + 2), (c, c + 3)) for r in range(0, 8, 2) for c in (0, 3))
+    assert all(d["shard_shape"] == [2, 3] and d["bytes"] == 24 for d in doc["devices"])
+    buf = io.StringIO()
+    with redirect_stdout(buf):
+        assert main(["show", "--json", "--simulate", "8"]) == 0  # the tour, as a JSON list
+    tour = json.loads(buf.getvalue())
+    assert len(tour) == 5 and tour[1]["spec"] == ["data", "model"]
+    assert tour[0]["spec"] == [["data", "model"]]  # one dim over two mesh axes

@@ -124,6 +124,9 @@ def _cmd_show(args: argparse.Namespace) -> int:
         parts = []
         for title, axes, shape, spec in _demo_layouts():
             mesh = make_mesh(axes, axis_types=args.axis_types)
+            if args.json:
+                parts.append({"title": title, **_layout_json(shape, mesh, PartitionSpec(*spec))})
+                continue
             if fmt != "html":  # "terminal" and "text" print themselves
                 print(f"\n# {title}")
             out = show(shape=shape, mesh=mesh, spec=PartitionSpec(*spec), format=fmt, name="x")
@@ -131,15 +134,37 @@ def _cmd_show(args: argparse.Namespace) -> int:
                 parts.append(f"<h2>{html.escape(title)}</h2>{out}")
         if fmt == "html":
             print(html_page("shardkit show", "".join(parts)), end="")
+        if args.json:
+            print(json.dumps(parts, indent=1))
         return 0
     shape = parse_shape_arg(args.shape)
     mesh = make_mesh(parse_mesh_arg(args.mesh or "data=-1"), axis_types=args.axis_types)
     spec = parse_spec_arg(args.spec or "")
+    if args.json:
+        print(json.dumps(_layout_json(shape, mesh, spec), indent=1))
+        return 0
     dims = None if args.dims is None else [int(d) for d in args.dims.split(",")]
     out = show(shape=shape, mesh=mesh, spec=spec, dims=dims, format=fmt, name="x")
     if fmt == "html":
         print(html_page(f"shardkit show {shape}", out), end="")
     return 0
+
+
+def _layout_json(shape: tuple[int, ...], mesh, spec) -> dict:
+    """`show --json`: the array, its mesh and spec, and each device's block."""
+    from shardkit.layout import layout_of, shard_table, spec_notation  # lazy: starts JAX
+
+    layout = layout_of(shape=shape, mesh=mesh, spec=spec)
+    blocks = [layout.block(d) for d in sorted(layout.indices, key=lambda d: d.id)]
+    rows = shard_table(shape=shape, mesh=mesh, spec=spec)  # in the same device order
+    return {
+        "shape": list(shape),
+        "mesh": dict(mesh.shape),
+        "spec": [list(e) if isinstance(e, tuple) else e for e in spec],
+        "notation": spec_notation(shape, spec, name="x"),
+        "devices": [{**r, "shard_shape": list(r["shard_shape"]), "block": [list(b) for b in bl]}
+                    for r, bl in zip(rows, blocks, strict=True)],  # fmt: skip
+    }
 
 
 def _default_simulate() -> int | None:
@@ -186,6 +211,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--dims", help="the two dims to draw, e.g. 0,2 (others are folded)")
     p.add_argument("--format", choices=["terminal", "text", "html"], default="terminal")
     p.add_argument("--axis-types", choices=["explicit", "auto"], default="explicit")
+    p.add_argument(
+        "--json", action="store_true", help="print each device's block (index ranges) as JSON"
+    )
     _add_simulate(p)
     p.set_defaults(func=_cmd_show)
 
