@@ -316,3 +316,41 @@ def test_cli_plan_verify_exits_1_when_a_quantity_is_out_of_bounds(verification, 
     assert "outside its bound" in capsys.readouterr().err
     monkeypatch.setattr(search.Plan, "verify", lambda self, **kw: verification)
     assert main([*argv, "--verify"]) == (0 if verification.ok else 1)
+
+
+ACCUMULATED = (dict(data=8), dict(data=2, fsdp=4), dict(data=2, fsdp=4, zero=1),
+               dict(data=2, tensor=4))  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "degrees", ACCUMULATED, ids=lambda d: "x".join(f"{k}{v}" for k, v in d.items())
+)
+def test_gradient_accumulation_reductions_counted_as_the_trainer_runs_them(degrees):
+    # the planner reduces accumulated gradients once per step; the Trainer's accumulator is
+    # laid out like the optimizer state, so the compiled step reduces every micro-batch's
+    # gradients (over "data"; ZeRO-1's reduce-scatter over "fsdp"): m = 2 reductions
+    from shardkit.verify.compare import gradient_reductions, trainer_collectives
+
+    degrees = dict(degrees)
+    zero = degrees.pop("zero", 3)
+    w = Transformer.from_gpt_config(CFG, batch=BATCH)
+    pred = evaluate(w, "cpu", **degrees, zero=zero, microbatches=2, remat="block")
+    m = measure_gpt(CFG, Hybrid(**degrees, zero=zero), devices=8, batch=BATCH, grad_accum=2)
+    once, counted = gradient_reductions(pred, w), trainer_collectives(pred, w)
+    assert once and set(once) <= {"all-reduce", "reduce-scatter"}
+    for kind, nbytes in once.items():
+        compiled = m.collectives[kind]["bytes"]
+        assert counted[kind] == pytest.approx(pred.collectives[kind] + nbytes)
+        assert counted[kind] == pytest.approx(compiled, rel=0.01), kind
+        assert pred.collectives[kind] < 0.95 * compiled  # the planner's own count: one short
+    single = evaluate(w, "cpu", **degrees, zero=zero, microbatches=1, remat="block")
+    assert trainer_collectives(single, w) == single.collectives  # m = 1: nothing converted
+
+
+def test_verify_compares_the_trainers_gradient_reductions_and_says_so():
+    p = plan(Transformer.from_gpt_config(CFG, batch=BATCH), devices=8, hardware="cpu")
+    w = p.workload
+    accumulated = evaluate(w, "cpu", data=2, fsdp=4, microbatches=2, remat="block")
+    result = verify(p, candidates=[accumulated], quiet=True)
+    assert result.checks[0].row("all-reduce").ok and result.checks[0].row("collectives").ok
+    assert any("gradient accumulation (data=2 fsdp=4: m = 2)" in n for n in result.notes)

@@ -31,6 +31,14 @@ step, so for them the compiled FLOPs are steps x (2 x (F + B) + head) per device
 m x (F + B + head) the busiest device executes; the prediction is converted to that count
 (`compiled_flops`) and the output says so.
 
+With gradient accumulation (m micro-batches, no pipeline) the planner reduces the accumulated
+gradients once per step (accumulate, then reduce, as DDP and Megatron do): one all-reduce of
+the gradient shard over "data" and, under ZeRO-1, one reduce-scatter over "fsdp". shardkit's
+Trainer accumulates into gradients laid out like the optimizer state, so its compiled step
+reduces every micro-batch's gradients inside the accumulation loop, m times: the step's own
+structure, not an XLA:CPU habit. Those rows compare the Trainer's count (`trainer_collectives`)
+and the output says so; the planner's step time still counts one reduction per step.
+
 The peak bound applies to remat models (scanned blocks with "block" or "dots"); without remat
 the error is shown but not judged. Collective bytes are compared after undoing XLA:CPU's f32
 upcast of bf16 collectives and its all-reduce-then-slice for ZeRO gradients (see
@@ -51,6 +59,7 @@ import functools
 import time
 from typing import Any
 
+from shardkit.collectives import bytes_moved
 from shardkit.common import format_bytes
 from shardkit.errors import ShardkitTypeError, ShardkitValueError
 from shardkit.models import GPTConfig
@@ -306,24 +315,67 @@ def compiled_flops(pred: Any, workload: Any) -> float:
     return steps * (2 * (per_micro - head) + head)
 
 
+def gradient_reductions(pred: Any, workload: Any) -> dict[str, float]:
+    """Bytes of the gradient reductions the planner counts once per step, per kind.
+
+    The all-reduce of the gradient shard over "data" and, under ZeRO-1, the reduce-scatter
+    over "fsdp" (`shardkit.plan.comm.layout_traffic`), on the compute dtype's gradients of the
+    device's parameters. Empty for a pipelined layout.
+    """
+    if pred.stage > 1:
+        return {}
+    prec = get_precision(workload.precision)
+    # the parameters of the device's tensor shard: param_bytes is them over ZeRO-3's split
+    params = pred.param_bytes * (pred.fsdp if pred.zero == 3 else 1) / prec.params
+    grads = params * prec.compute
+    out = {"all-reduce": bytes_moved("all-reduce", grads / pred.fsdp, pred.data)}
+    if pred.zero == 1:
+        out["reduce-scatter"] = bytes_moved("reduce-scatter", grads, pred.fsdp)
+    return {k: v for k, v in out.items() if v}
+
+
+def trainer_collectives(pred: Any, workload: Any) -> dict[str, float]:
+    """The planner's collectives per kind, counted as shardkit's Trainer runs them.
+
+    Under gradient accumulation (m > 1 micro-batches, no pipeline) the Trainer reduces each
+    micro-batch's gradients (its accumulator is laid out like the optimizer state, so XLA
+    reduces inside the accumulation loop), where the planner reduces the accumulated
+    gradients once per step: the `gradient_reductions` run m times, not once. Otherwise
+    `pred.collectives`.
+
+    Example:
+        >>> c = evaluate(w, "cpu", data=2, fsdp=4, microbatches=2)
+        >>> extra = trainer_collectives(c, w)["all-reduce"] - c.collectives["all-reduce"]
+        >>> extra == gradient_reductions(c, w)["all-reduce"]  # one more over "data"
+        True
+    """
+    out = dict(pred.collectives)
+    if pred.stage > 1 or pred.microbatches == 1:
+        return out
+    for kind, nbytes in gradient_reductions(pred, workload).items():
+        out[kind] = out.get(kind, 0.0) + (pred.microbatches - 1) * nbytes
+    return out
+
+
 def _rows(pred: Any, m: Any, workload: Any = None) -> tuple[Row, ...]:
     peak_bound = BOUNDS["peak"] if pred.remat in ("block", "dots") else None
     rows = [
         Row("arguments", pred.argument_bytes, m.argument_bytes, BOUNDS["arguments"]),
         Row("peak", pred.peak_bytes, m.peak_bytes, peak_bound),
     ]
-    kinds = [k for k in _KINDS if pred.collectives.get(k) or m.collectives.get(k, {}).get("bytes")]
+    collectives = trainer_collectives(pred, workload) if workload is not None else (
+        pred.collectives
+    )  # fmt: skip
+    kinds = [k for k in _KINDS if collectives.get(k) or m.collectives.get(k, {}).get("bytes")]
     total = m.collective_bytes
     for k in kinds:
         compiled = m.collectives.get(k, {}).get("bytes", 0.0)
-        predicted = pred.collectives.get(k, 0.0)
+        predicted = collectives.get(k, 0.0)
         # a kind under 1% of the traffic (the loss's scalar all-reduce) is shown, not judged
         small = max(compiled, predicted) < 0.01 * total
         rows.append(Row(k, predicted, compiled, None if small else BOUNDS["collectives"]))
     if kinds:
-        rows.append(
-            Row("collectives", sum(pred.collectives.values()), total, BOUNDS["collectives"])
-        )
+        rows.append(Row("collectives", sum(collectives.values()), total, BOUNDS["collectives"]))
     if m.flops is not None:
         predicted = compiled_flops(pred, workload) if workload is not None else pred.flops
         rows.append(Row("flops", predicted, m.flops, BOUNDS["flops"]))
@@ -449,6 +501,20 @@ def _notes(plan: Any, checks: list, skipped: list, cpu: Any) -> list[str]:
             "pipelined layouts: compiled FLOPs count every branch of the executor's lax.switch "
             "at every step, steps x (2 x (F + B) + head); the prediction is converted to that "
             "count (the last stage executes m x (F + B + head))"
+        )
+    accumulated = [
+        c for c in checks
+        if c.predicted.stage == 1 and c.predicted.microbatches > 1
+        and (c.predicted.data > 1 or c.predicted.zero == 1)
+    ]  # fmt: skip
+    if accumulated:
+        layouts = ", ".join(f"{c.candidate.layout}: m = {c.predicted.microbatches}"
+                            for c in accumulated)  # fmt: skip
+        notes.append(
+            f"gradient accumulation ({layouts}): shardkit's Trainer reduces each micro-batch's "
+            "gradients (the all-reduce over 'data', ZeRO-1's reduce-scatter), m per step, "
+            "where the planner reduces the accumulated gradients once; the prediction is "
+            "converted to the Trainer's count (the planner's step time keeps one)"
         )
     if any(c.predicted.remat == "dots" for c in checks) and cpu.dot_output_bytes:
         notes.append(
