@@ -37,6 +37,12 @@ from shardkit.linter import LintReport, lint
 from shardkit.placement import constrain_tree
 from shardkit.strategies import Auto, Strategy
 from shardkit.strategies.core import drop_axis
+from shardkit.train.accumulate import (
+    accumulate,
+    accumulate_per_microbatch,
+    per_microbatch_reason,
+    unreduced_axes,
+)
 from shardkit.train.adapters import abstract_model, cast_like, describe_state, split_model
 from shardkit.train.opt_specs import optimizer_state_specs
 from shardkit.train.param_layout import split_stacked, unannotated_notes
@@ -172,6 +178,7 @@ class Trainer:
         self.microbatches = self.pipeline.microbatches if self.pipeline else grad_accum
         self.param_specs = bound.param_specs(self.abstract_params, logical=self.logical)
         self._opt_param_specs = bound.opt_state_specs(self.abstract_params, logical=self.logical)
+        self._unreduced = unreduced_axes(bound.batch_axes, self.param_specs)
         self.compute_specs = jax.tree.map(
             bound.compute_spec, self.param_specs, is_leaf=lambda x: isinstance(x, P)
         )
@@ -194,6 +201,11 @@ class Trainer:
         self.auto_axes: tuple[str, ...] = ()  # mesh axes the model runs with as Auto
         # what the Trainer decided for this model that is not a problem, for the lint report
         self.notes: list[str] = unannotated_notes(self)
+        if self.pipeline is None and grad_accum > 1:
+            reason = per_microbatch_reason(
+                self._unreduced, bound.batch_axes, self.abstract_model_state
+            )
+            self.notes += [reason] if reason else []
         # several processes on XLA:CPU: keep at most two steps in flight (see `step`)
         self._bounded_dispatch = jax.process_count() > 1 and jax.default_backend() == "cpu"
         self._in_flight = None
@@ -447,23 +459,15 @@ class Trainer:
         grad_fn = jax.value_and_grad(self._loss, has_aux=True)
         if self.grad_accum == 1:
             return grad_fn(params, batch, model_state)
-
-        def micro(carry, mb):
-            loss, metrics, grads, mstate = carry
-            (l, (m, mstate)), g = grad_fn(params, mb, mstate)  # state flows micro-batch to next
-            loss, metrics, grads = jax.tree.map(jnp.add, (loss, metrics, grads), (l, m, g))
-            return (loss, metrics, grads, mstate), None
-
-        first = jax.tree.map(lambda x: x[0], batch)
-        (loss, (metrics, _)), grads = jax.tree.map(
-            lambda x: jnp.zeros(x.shape, jnp.float32),
-            jax.eval_shape(grad_fn, params, first, model_state),
-        )
-        zeros = (loss, metrics, self._constrain(grads, self._opt_param_specs), model_state)
-        (loss, metrics, grads, model_state), _ = jax.lax.scan(micro, zeros, batch)
-        scale = 1.0 / self.grad_accum
-        loss, metrics, grads = jax.tree.map(lambda x: x * scale, (loss, metrics, grads))
-        return (loss, (metrics, model_state)), grads
+        bound = self.bound
+        if not self._unreduced or jax.tree.leaves(model_state):  # see `per_microbatch_reason`
+            zeros = self._constrain(jax.tree.map(jnp.zeros_like, params), self._opt_param_specs)
+            return accumulate_per_microbatch(grad_fn, params, batch, model_state, zeros)
+        return accumulate(
+            grad_fn, params, batch, axes=self._unreduced, batch_axes=bound.batch_axes,
+            sizes=dict(bound.axis_sizes), param_specs=self.param_specs,
+            constrain=self._constrain,
+        )  # fmt: skip
 
     def _step_fn(self, state: TrainState, batch):
         (loss, metrics), model_state, grads = self._loss_and_grads(
