@@ -31,13 +31,13 @@ step, so for them the compiled FLOPs are steps x (2 x (F + B) + head) per device
 m x (F + B + head) the busiest device executes; the prediction is converted to that count
 (`compiled_flops`) and the output says so.
 
-With gradient accumulation (m micro-batches, no pipeline) the planner reduces the accumulated
-gradients once per step (accumulate, then reduce, as DDP and Megatron do): one all-reduce of
-the gradient shard over "data" and, under ZeRO-1, one reduce-scatter over "fsdp". shardkit's
-Trainer accumulates into gradients laid out like the optimizer state, so its compiled step
-reduces every micro-batch's gradients inside the accumulation loop, m times: the step's own
-structure, not an XLA:CPU habit. Those rows compare the Trainer's count (`trainer_collectives`)
-and the output says so; the planner's step time still counts one reduction per step.
+With gradient accumulation (m micro-batches, no pipeline) shardkit's Trainer keeps each
+micro-batch's gradients unreduced along the batch axes no parameter is split over ("data";
+"fsdp" too under ZeRO-1), sums them in float32 and reduces the sums once per step
+(`shardkit.train.accumulate`). The planner counts those reductions once per step too, but on
+gradients of the compute dtype (2 bytes in bf16). Those rows compare the Trainer's 4 bytes
+(`trainer_collectives`) and the output says so: it is the step's own traffic, not an XLA:CPU
+habit; the planner's step time keeps 2.
 
 The peak bound applies to remat models (scanned blocks with "block" or "dots"); without remat
 the error is shown but not judged. Collective bytes are compared after undoing XLA:CPU's f32
@@ -334,26 +334,29 @@ def gradient_reductions(pred: Any, workload: Any) -> dict[str, float]:
     return {k: v for k, v in out.items() if v}
 
 
-def trainer_collectives(pred: Any, workload: Any) -> dict[str, float]:
-    """The planner's collectives per kind, counted as shardkit's Trainer runs them.
+_ACCUMULATOR_BYTES = 4  # shardkit.train.accumulate sums micro-batch gradients in float32
 
-    Under gradient accumulation (m > 1 micro-batches, no pipeline) the Trainer reduces each
-    micro-batch's gradients (its accumulator is laid out like the optimizer state, so XLA
-    reduces inside the accumulation loop), where the planner reduces the accumulated
-    gradients once per step: the `gradient_reductions` run m times, not once. Otherwise
-    `pred.collectives`.
+
+def trainer_collectives(pred: Any, workload: Any) -> dict[str, float]:
+    """The planner's collectives per kind, in the bytes shardkit's Trainer sends.
+
+    Under gradient accumulation (m > 1 micro-batches, no pipeline) the Trainer reduces the
+    float32 sums of the micro-batches' gradients once per step (`shardkit.train.accumulate`):
+    the `gradient_reductions` the planner counts on gradients of the compute dtype carry 4
+    bytes per gradient. Otherwise (and in float32) `pred.collectives`.
 
     Example:
-        >>> c = evaluate(w, "cpu", data=2, fsdp=4, microbatches=2)
+        >>> c = evaluate(w, "cpu", data=2, fsdp=4, microbatches=4)   # bf16 compute
         >>> extra = trainer_collectives(c, w)["all-reduce"] - c.collectives["all-reduce"]
-        >>> extra == gradient_reductions(c, w)["all-reduce"]  # one more over "data"
+        >>> extra == gradient_reductions(c, w)["all-reduce"]  # 4 bytes, not 2
         True
     """
     out = dict(pred.collectives)
     if pred.stage > 1 or pred.microbatches == 1:
         return out
+    scale = _ACCUMULATOR_BYTES / get_precision(workload.precision).compute
     for kind, nbytes in gradient_reductions(pred, workload).items():
-        out[kind] = out.get(kind, 0.0) + (pred.microbatches - 1) * nbytes
+        out[kind] = out.get(kind, 0.0) + (scale - 1) * nbytes
     return out
 
 
@@ -506,15 +509,17 @@ def _notes(plan: Any, checks: list, skipped: list, cpu: Any) -> list[str]:
         c for c in checks
         if c.predicted.stage == 1 and c.predicted.microbatches > 1
         and (c.predicted.data > 1 or c.predicted.zero == 1)
+        and get_precision(plan.workload.precision).compute < _ACCUMULATOR_BYTES
     ]  # fmt: skip
     if accumulated:
         layouts = ", ".join(f"{c.candidate.layout}: m = {c.predicted.microbatches}"
                             for c in accumulated)  # fmt: skip
         notes.append(
-            f"gradient accumulation ({layouts}): shardkit's Trainer reduces each micro-batch's "
-            "gradients (the all-reduce over 'data', ZeRO-1's reduce-scatter), m per step, "
-            "where the planner reduces the accumulated gradients once; the prediction is "
-            "converted to the Trainer's count (the planner's step time keeps one)"
+            f"gradient accumulation ({layouts}): shardkit's Trainer reduces the float32 sums of "
+            "the micro-batches' gradients once per step (the all-reduce over 'data', ZeRO-1's "
+            "reduce-scatter), 4 bytes per gradient where the planner counts the compute "
+            "dtype's; the prediction is converted to the Trainer's bytes (the planner's step "
+            "time keeps its own)"
         )
     if any(c.predicted.remat == "dots" for c in checks) and cpu.dot_output_bytes:
         notes.append(

@@ -17,9 +17,10 @@ XLA:CPU is not the GPU/TPU backend, so two of its habits are normalised (both ke
    before it, whose reduction XLA "promoted" from bf16, or whose result is cast to bf16 by
    every user (the cast sunk below the collective), is counted at 2 bytes per element;
 2. it reduces gradients of parameters split over the ZeRO mesh axis with an all-reduce followed
-   by a slice where GPUs and TPUs emit a reduce-scatter: such an all-reduce (in the backward
-   pass, over a group that includes the ZeRO axis) is counted as the reduce-scatter over that
-   axis plus an all-reduce of the shard over the group's other axes.
+   by a slice where GPUs and TPUs emit a reduce-scatter: such an all-reduce (over a group that
+   includes the ZeRO axis, in the backward pass or read only through a slice, as the
+   reduction of accumulated ZeRO-1 gradients after the micro-batch loop is) is counted as the
+   reduce-scatter over that axis plus an all-reduce of the shard over the group's other axes.
 
 A pipelined step scans the executor's step table with one `lax.switch` per lane; collectives
 inside a branch (the tensor all-reduces of a forward or backward) run as often as the table
@@ -204,6 +205,47 @@ def _narrowed_after(module: Any) -> set[str]:
     return out
 
 
+def _sliced_after(module: Any) -> set[str]:
+    """Names of all-reduces whose every result is read only through a `dynamic-slice`.
+
+    XLA:CPU keeps such an all-reduce and slices its result where GPU backends rewrite the pair
+    into a reduce-scatter (the reduction of accumulated ZeRO-1 gradients after the micro-batch
+    loop, outside the backward pass, is one).
+    """
+
+    users: dict[tuple[str, str], list] = {}
+    for comp, instrs in module.computations.items():
+        for ins in instrs:
+            for op in ins.operands:
+                users.setdefault((comp, op), []).append(ins)
+
+    def slices(comp: str, name: str) -> bool:
+        found = users.get((comp, name), [])
+        return bool(found) and all(slice_use(comp, u, name) for u in found)
+
+    def slice_use(comp: str, user: Any, name: str) -> bool:
+        if user.opcode == "get-tuple-element":
+            return slices(comp, user.name)
+        if user.opcode == "dynamic-slice":
+            return user.operands[:1] == (name,)
+        if user.opcode != "fusion":
+            return False
+        body = (user.attr("calls") or "").lstrip("%")
+        index = user.operands.index(name)
+        params = [i.name for i in module.computations.get(body, [])
+                  if re.fullmatch(rf"param_{index}(\.\d+)?", i.name)]  # fmt: skip
+        inside = users.get((body, params[0]), []) if len(params) == 1 else []
+        return bool(inside) and all(
+            u.opcode == "dynamic-slice" and u.operands[:1] == (params[0],) for u in inside
+        )
+
+    return {
+        ins.name
+        for ins in module.collectives()
+        if ins.kind == "all-reduce" and slices(ins.computation, ins.name)
+    }
+
+
 def _promoted(module: Any) -> set[str]:
     """Names of all-reduces whose reduction XLA promoted from a narrow type (`*_promoted`)."""
     names = set()
@@ -215,18 +257,25 @@ def _promoted(module: Any) -> set[str]:
 
 
 def normalise(
-    report: Report, *, zero_axis: str | None = None, promoted: set[str] = frozenset()
+    report: Report,
+    *,
+    zero_axis: str | None = None,
+    promoted: set[str] = frozenset(),
+    sliced: set[str] = frozenset(),
 ) -> tuple[dict[str, dict[str, float]], tuple[str, ...]]:
     """Bytes per collective kind with XLA:CPU's f32 upcast and gradient all-reduce undone.
 
     Args:
         report: a `shardkit.inspect` report.
         zero_axis: the mesh axis gradients are split over (ZeRO), e.g. "fsdp"; an all-reduce
-            in the backward pass over a group holding it counts as a reduce-scatter over it plus
-            an all-reduce of the shard over the rest of the group. None: no such rewrite.
+            over a group holding it, in the backward pass or named in `sliced`, counts as a
+            reduce-scatter over it plus an all-reduce of the shard over the rest of the group.
+            None: no such rewrite.
         promoted: names of collectives that carry bf16 data in f32: all-reduces whose
             reduction XLA promoted from bf16, and collectives whose result every user casts
             to bf16 straight away (see module doc).
+        sliced: names of all-reduces whose results are read only through a slice (see
+            `_sliced_after`).
 
     Returns:
         (kind -> {"count", "bytes", "raw_bytes"}, notes describing what was normalised).
@@ -249,8 +298,8 @@ def normalise(
             upcast += 1
         buf = c.buffer_bytes * scale
         axes = c.axes or ()
-        backward = "transpose(" in (c.op_name or "")
-        if c.kind == "all-reduce" and zero_axis in axes and backward and c.group_size > 1:
+        gradient = "transpose(" in (c.op_name or "") or c.name in sliced
+        if c.kind == "all-reduce" and zero_axis in axes and gradient and c.group_size > 1:
             z = report.mesh.get(zero_axis, 1)
             rest = c.group_size // z
             add("reduce-scatter", count, count * bytes_moved("reduce-scatter", buf, z), 0.0)
@@ -335,13 +384,14 @@ def measure(
     choice = 0 if len(options) > 1 else None
     if report is not None:
         narrow = _promoted(module) | _narrowed_after(module)
-        kinds, notes = normalise(report, zero_axis=zero_axis, promoted=narrow)
+        sliced = _sliced_after(module) if zero_axis else set()
+        kinds, notes = normalise(report, zero_axis=zero_axis, promoted=narrow, sliced=sliced)
         names, sizes = tuple(report.mesh), tuple(report.mesh.values())
         for i, alt in enumerate(options[1:], 1):  # the busiest device's branches
             other = dataclasses.replace(
                 report, collectives=collectives_of(module, names, sizes, branch_counts=alt)
             )
-            got = normalise(other, zero_axis=zero_axis, promoted=narrow)
+            got = normalise(other, zero_axis=zero_axis, promoted=narrow, sliced=sliced)
             if sum(v["bytes"] for v in got[0].values()) > sum(v["bytes"] for v in kinds.values()):
                 report, (kinds, notes), choice = other, got, i
     if not known:
