@@ -162,8 +162,10 @@ def _layout_json(shape: tuple[int, ...], mesh, spec) -> dict:
         "mesh": dict(mesh.shape),
         "spec": [list(e) if isinstance(e, tuple) else e for e in spec],
         "notation": spec_notation(shape, spec, name="x"),
-        "devices": [{**r, "shard_shape": list(r["shard_shape"]), "block": [list(b) for b in bl]}
-                    for r, bl in zip(rows, blocks, strict=True)],  # fmt: skip
+        "devices": [
+            {**r, "shard_shape": list(r["shard_shape"]), "block": [list(b) for b in bl]}
+            for r, bl in zip(rows, blocks, strict=True)
+        ],  # fmt: skip
     }
 
 

@@ -12,7 +12,7 @@ devices, and the S partial sums are added once, after the last micro-batch: one 
 The step's loss is then the mean of per-shard losses, as under PyTorch DDP or torchtitan's
 gradient accumulation: the same value as the global micro-batch's loss whenever `loss_fn`
 is a mean over examples (the shards hold equally many) — the mean over micro-batches already
-works this way. Two cases keep one reduction per micro-batch (`per_microbatch_reason` says
+works this way. Two cases keep one reduction per micro-batch (`per_microbatch_notes` says
 which):
 
 - a model with non-trained state (BatchNorm statistics, stored RNG streams): its state flows
@@ -32,7 +32,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
-__all__ = ["accumulate", "accumulate_per_microbatch", "per_microbatch_reason", "unreduced_axes"]
+__all__ = ["accumulate", "accumulate_per_microbatch", "per_microbatch_notes", "unreduced_axes"]
 
 
 def unreduced_axes(batch_axes: tuple[str, ...], param_specs: Any) -> tuple[str, ...]:
@@ -44,25 +44,23 @@ def unreduced_axes(batch_axes: tuple[str, ...], param_specs: Any) -> tuple[str, 
     return tuple(a for a in batch_axes if a not in used)
 
 
-def per_microbatch_reason(
-    axes: tuple[str, ...], batch_axes: tuple[str, ...], model_state: Any
-) -> str | None:
-    """Why a step reduces gradients once per micro-batch, or None when it reduces them once
-    (or never: no mesh axis splits the batch)."""
-    if not batch_axes:
-        return None
+def per_microbatch_notes(axes: tuple[str, ...], bound: Any, model_state: Any) -> list[str]:
+    """Why a step reduces gradients once per micro-batch; empty when it reduces them once (or
+    never: no mesh axis of `bound`, the bound strategy, splits the batch)."""
+    if not bound.batch_axes:
+        return []
     if jax.tree.leaves(model_state):
-        return (
+        return [
             "gradients are reduced once per micro-batch: the model carries non-trained state "
             "(BatchNorm statistics or RNG streams) from one whole micro-batch to the next"
-        )
+        ]
     if not axes:
-        return (
+        return [
             "gradients are reduce-scattered once per micro-batch: the parameters are split "
             "over every batch axis (ZeRO-3), so an unreduced accumulator would hold whole "
             "gradients on every device; add a data axis to reduce over it once per step"
-        )
-    return None
+        ]
+    return []
 
 
 def _entry(axes: tuple[str, ...]) -> str | tuple[str, ...] | None:

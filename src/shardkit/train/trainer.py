@@ -40,7 +40,7 @@ from shardkit.strategies.core import drop_axis
 from shardkit.train.accumulate import (
     accumulate,
     accumulate_per_microbatch,
-    per_microbatch_reason,
+    per_microbatch_notes,
     unreduced_axes,
 )
 from shardkit.train.adapters import abstract_model, cast_like, describe_state, split_model
@@ -201,11 +201,8 @@ class Trainer:
         self.auto_axes: tuple[str, ...] = ()  # mesh axes the model runs with as Auto
         # what the Trainer decided for this model that is not a problem, for the lint report
         self.notes: list[str] = unannotated_notes(self)
-        if self.pipeline is None and grad_accum > 1:
-            reason = per_microbatch_reason(
-                self._unreduced, bound.batch_axes, self.abstract_model_state
-            )
-            self.notes += [reason] if reason else []
+        if self.pipeline is None and grad_accum > 1:  # gradients reduced per micro-batch: why
+            self.notes += per_microbatch_notes(self._unreduced, bound, self.abstract_model_state)
         # several processes on XLA:CPU: keep at most two steps in flight (see `step`)
         self._bounded_dispatch = jax.process_count() > 1 and jax.default_backend() == "cpu"
         self._in_flight = None
@@ -460,7 +457,7 @@ class Trainer:
         if self.grad_accum == 1:
             return grad_fn(params, batch, model_state)
         bound = self.bound
-        if not self._unreduced or jax.tree.leaves(model_state):  # see `per_microbatch_reason`
+        if not self._unreduced or jax.tree.leaves(model_state):  # see `per_microbatch_notes`
             zeros = self._constrain(jax.tree.map(jnp.zeros_like, params), self._opt_param_specs)
             return accumulate_per_microbatch(grad_fn, params, batch, model_state, zeros)
         return accumulate(
