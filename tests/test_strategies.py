@@ -131,7 +131,7 @@ def test_auto_is_the_planner(gpt):
     assert s.fsdp == 8 and s.zero == 1 and "ZeRO-1" in why
     s, why = Auto(memory_per_device=200_000).choose(params, n_devices=8)
     assert s.fsdp == 8 and s.zero == 3 and "ZeRO-3" in why
-    with pytest.raises(DoesNotFitError, match=r"fits on no layout of 8 x cpu.*KB"):
+    with pytest.raises(DoesNotFitError, match=r"fits on no layout of 8 x cpu.*KiB"):
         Auto(memory_per_device=1 << 16).choose(params, n_devices=8)
     assert Auto().choose(params, n_devices=1)[0] == DataParallel()
     with pytest.raises(ValueError, match="batch=6.*a batch that is a multiple of 8"):

@@ -11,14 +11,25 @@ constraint adds the Auto ones after them).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import contextvars
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import jax
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-__all__ = ["constrain", "constrain_tree"]
+__all__ = [
+    "constrain",
+    "constrain_tree",
+    "gather_sequence",
+    "sequence_batch",
+    "sequence_out",
+    "sequence_parallel",
+    "split_heads",
+    "split_sequence",
+]
 
 
 def _keep(spec: Sequence[Any], axes: set[str]) -> P:
@@ -57,3 +68,120 @@ def constrain_tree(tree: Any, mesh: Any, specs: Any) -> Any:
     return jax.tree.map(
         lambda x, s: constrain(x, mesh, s), tree, specs, is_leaf=lambda s: isinstance(s, P)
     )
+
+
+# Sequence parallelism (Megatron-style): while a step is traced inside `sequence_parallel`, the
+# residual stream (B, T, D) between tensor-parallel regions is split over the sequence along
+# the tensor axis; models mark it with `split_sequence`, gather it before column-parallel
+# matmuls with `gather_sequence`, and give row-parallel matmuls `sequence_out`, so the
+# tensor all-reduce becomes a reduce-scatter after them and an all-gather before.
+_SEQUENCE: contextvars.ContextVar[tuple[Any, str, Any] | None] = contextvars.ContextVar(
+    "shardkit_sequence_parallel", default=None
+)
+
+
+@contextlib.contextmanager
+def sequence_parallel(
+    mesh: Any, axis: str = "tensor", batch: Sequence[str] = ()
+) -> Iterator[None]:
+    """Turns on sequence parallelism over mesh axis `axis` for models traced inside; `batch`
+    names the mesh axes the activations' batch dim is split over (kept as it is)."""
+    token = _SEQUENCE.set((mesh, axis, tuple(batch)))
+    try:
+        yield
+    finally:
+        _SEQUENCE.reset(token)
+
+
+# the batch axes of the activations while a vmap's spmd_axis_name holds the others
+_BATCH: contextvars.ContextVar[tuple[str, ...] | None] = contextvars.ContextVar(
+    "shardkit_sequence_batch", default=None
+)
+
+
+@contextlib.contextmanager
+def sequence_batch(batch: Sequence[str]) -> Iterator[None]:
+    """Within it, `sequence_parallel`'s activations have their batch dim split over `batch`
+    only (under a `vmap` whose ``spmd_axis_name`` holds the other batch axes), whatever
+    batch axes a `sequence_parallel` entered inside names."""
+    token = _BATCH.set(tuple(batch))
+    try:
+        yield
+    finally:
+        _BATCH.reset(token)
+
+
+def _sequence_spec(x: jax.Array, seq: str | None) -> tuple[Any, P, bool] | None:
+    """(mesh, spec, explicit) laying `x` (B, T, ...) with its sequence dim as `seq`; None
+    outside `sequence_parallel`, or when the sequence does not split evenly."""
+    ctx = _SEQUENCE.get()
+    if ctx is None or x.ndim < 3:
+        return None
+    mesh, axis, batch = ctx
+    batch = batch if _BATCH.get() is None else _BATCH.get()
+    size = dict(mesh.shape).get(axis, 1)
+    if size == 1 or x.shape[1] % size:
+        return None
+    # the axis types where the model is traced (an `auto_axes` region makes Explicit ones Auto)
+    current = jax.sharding.get_abstract_mesh()
+    where = mesh if current is None or current.empty else current
+    explicit = dict(zip(where.axis_names, where.axis_types, strict=True)).get(axis) == (
+        AxisType.Explicit
+    )
+    if explicit:  # the batch layout is part of the type: keep it
+        current = getattr(jax.typeof(x).sharding, "spec", P())
+        lead = current[0] if len(current) else None
+    else:  # the batch axes, stated: left open, the compiler may move "tensor" onto the batch
+        lead = batch[0] if len(batch) == 1 else (batch or None)
+    return mesh, P(lead, seq, *([None] * (x.ndim - 2))), explicit
+
+
+def split_sequence(x: jax.Array) -> jax.Array:
+    """`x` (B, T, D), the residual stream, split over the sequence along the tensor axis
+    under `sequence_parallel`; `x` unchanged otherwise."""
+    found = _sequence_spec(x, _SEQUENCE.get()[1] if _SEQUENCE.get() else None)
+    return x if found is None else _lay(x, *found)
+
+
+def gather_sequence(x: jax.Array) -> jax.Array:
+    """`x` (B, T, D) with its whole sequence on every tensor rank (before a column-parallel
+    matmul) under `sequence_parallel`; `x` unchanged otherwise."""
+    found = _sequence_spec(x, None)
+    return x if found is None else _lay(x, *found)
+
+
+def split_heads(x: jax.Array, dim: int) -> jax.Array:
+    """`x` (B, T, ...) with dim `dim` (heads, or the MLP's hidden units) split over the tensor
+    axis and the sequence whole, under `sequence_parallel` on Auto axes; `x` otherwise.
+
+    Pins the tensor-parallel region's layout so the backward pass keeps it too (its
+    cotangents carry the same constraint): without it the compiler may move the split onto
+    the sequence, the dim the stream around the region is split over, and pay all-to-alls.
+    """
+    found = _sequence_spec(x, None)
+    if found is None or found[2] or x.shape[dim] % dict(found[0].shape)[_SEQUENCE.get()[1]]:
+        return x
+    mesh, spec, _ = found
+    entries = list(spec)
+    entries[dim] = _SEQUENCE.get()[1]
+    return _lay(x, mesh, P(*entries), False)
+
+
+def sequence_out(x: jax.Array, ndim: int) -> NamedSharding | None:
+    """`out_sharding` of a row-parallel matmul on an Explicit mesh under `sequence_parallel`:
+    the result (B, T, ...) of rank `ndim` split over the sequence (a reduce-scatter of the
+    partial sums). None on Auto axes or outside `sequence_parallel`."""
+    ctx = _SEQUENCE.get()
+    if ctx is None or ndim < 3:
+        return None
+    found = _sequence_spec(x, ctx[1])  # x: the matmul's input, (B, T, ...) like the result
+    if found is None or not found[2]:
+        return None
+    mesh, spec, _ = found
+    return NamedSharding(mesh, P(*spec[:2], *([None] * (ndim - 2))))
+
+
+def _lay(x: jax.Array, mesh: Any, spec: P, explicit: bool) -> jax.Array:
+    if explicit:
+        return jax.sharding.reshard(x, NamedSharding(mesh, spec))
+    return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))

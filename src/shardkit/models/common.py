@@ -11,6 +11,7 @@ from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from shardkit.leaves import logical_names
+from shardkit.placement import sequence_out
 
 
 def param(init: Any, key: jax.Array, shape: tuple[int, ...], names: tuple[str | None, ...]):
@@ -88,4 +89,4 @@ def row_parallel_out(x: jax.Array, ndim: int) -> NamedSharding | None:
     mesh, spec = _explicit_mesh(x)
     if mesh is None or len(spec) < x.ndim or spec[-1] is None:
         return None
-    return batch_out(x, ndim)
+    return sequence_out(x, ndim) or batch_out(x, ndim)  # sequence parallel: reduce-scatter

@@ -18,6 +18,7 @@ from flax import nnx
 from shardkit.errors import ShardkitValueError
 from shardkit.models.common import batch_out, param, row_parallel_out
 from shardkit.models.stages import StagedModel
+from shardkit.placement import gather_sequence, sequence_out, split_heads, split_sequence
 
 Remat = Literal["none", "block", "dots"]
 _REMAT = ("none", "block", "dots")
@@ -115,21 +116,26 @@ class Block(nnx.Module):
     def __call__(self, x: jax.Array) -> jax.Array:  # x: (B, T, D)
         dt = x.dtype
         w = lambda p: p[...].astype(dt)
-        h = _norm(x, self.norm1[...])
-        q = jnp.einsum("btd,dhk->bthk", h, w(self.q))  # (B, T, H, K) column-parallel
-        k = jnp.einsum("btd,dhk->bthk", h, w(self.k))
-        v = jnp.einsum("btd,dhk->bthk", h, w(self.v))
+        # under sequence parallelism the residual stream and the norms run on sequence slices
+        x = split_sequence(x)
+        h = gather_sequence(_norm(x, self.norm1[...]))
+        # (B, T, H, K) column-parallel; `split_heads` pins the heads split under sequence
+        # parallelism (a no-op otherwise)
+        q = split_heads(jnp.einsum("btd,dhk->bthk", h, w(self.q)), 2)
+        k = split_heads(jnp.einsum("btd,dhk->bthk", h, w(self.k)), 2)
+        v = split_heads(jnp.einsum("btd,dhk->bthk", h, w(self.v)), 2)
         t = x.shape[1]
         scores = jnp.einsum("bthk,bshk->bhts", q, k) / jnp.sqrt(q.shape[-1]).astype(dt)
         causal = jnp.tril(jnp.ones((t, t), dtype=bool))
         scores = jnp.where(causal, scores.astype(jnp.float32), -1e30)
         probs = jax.nn.softmax(scores, axis=-1).astype(dt)  # (B, H, T, S)
-        att = jnp.einsum("bhts,bshk->bthk", probs, v)
+        att = split_heads(jnp.einsum("bhts,bshk->bthk", probs, v), 2)
         out = jnp.einsum("bthk,hkd->btd", att, w(self.out), out_sharding=_heads_out(att))
-        x = x + out  # row-parallel: partial sums reduced over the tensor axis
-        h = _norm(x, self.norm2[...])
-        u = jax.nn.gelu(jnp.einsum("btd,df->btf", h, w(self.up)))  # (B, T, F)
-        return x + jnp.einsum("btf,fd->btd", u, w(self.down), out_sharding=row_parallel_out(u, 3))
+        x = split_sequence(x + out)  # row-parallel: partial sums reduced over the tensor axis
+        h = gather_sequence(_norm(x, self.norm2[...]))
+        u = split_heads(jax.nn.gelu(jnp.einsum("btd,df->btf", h, w(self.up))), 2)  # (B, T, F)
+        down = jnp.einsum("btf,fd->btd", u, w(self.down), out_sharding=row_parallel_out(u, 3))
+        return split_sequence(x + down)
 
 
 def _heads_out(att: jax.Array):
@@ -137,7 +143,7 @@ def _heads_out(att: jax.Array):
     spec = getattr(jax.typeof(att).sharding, "spec", None)
     if spec is None or len(spec) < 3 or spec[2] is None:
         return None
-    return batch_out(att, 3)
+    return sequence_out(att, 3) or batch_out(att, 3)
 
 
 class GPT(nnx.Module):
@@ -258,13 +264,14 @@ def run_blocks(graphdef, stacked, x: jax.Array, *, remat: Remat = "none", layout
         body = jax.checkpoint(body)
     elif remat == "dots":
         body = jax.checkpoint(body, policy=jax.checkpoint_policies.dots_saveable)
-    x, _ = jax.lax.scan(body, x, stacked)
+    # the scan's carry keeps one layout: the stream's sequence slices under sequence parallelism
+    x, _ = jax.lax.scan(body, split_sequence(x), stacked)
     return x
 
 
 def head_logits(x: jax.Array, norm: jax.Array, head: jax.Array) -> jax.Array:
     """Final norm and output head: (B, T, D) -> float32 logits (B, T, vocab)."""
-    x = _norm(x, norm)
+    x = gather_sequence(_norm(x, norm))
     out = jnp.einsum("btd,dv->btv", x, head.astype(x.dtype))  # vocab-parallel
     return out.astype(jnp.float32)
 

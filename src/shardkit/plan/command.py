@@ -74,8 +74,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--sequence-parallel", action="store_true",
-        help="predict tensor parallelism with Megatron sequence parallelism (as published runs "
-        "used; shardkit's tensor parallelism does not implement it)",
+        help="tensor parallelism with Megatron sequence parallelism (as published runs used; "
+        "shardkit train --sequence-parallel runs it)",
     )  # fmt: skip
     parser.add_argument("--top", type=at_least(1), default=8, help="rows to show (default 8)")
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")

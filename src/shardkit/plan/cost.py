@@ -84,8 +84,8 @@ class Candidate:
         mfu: model FLOPs / (step time x devices x peak).
         hfu: executed FLOPs / (step time x peak), busiest device.
         virtual: model chunks per device under the interleaved schedule (1 otherwise).
-        sequence_parallel: predicted with Megatron-style sequence parallelism on "tensor" (a
-            system shardkit's tensor parallelism does not implement; see `evaluate`).
+        sequence_parallel: predicted with Megatron-style sequence parallelism on "tensor"
+            (`strategy()` runs it with `Hybrid(sequence_parallel=True)`; see `evaluate`).
         bottleneck: the largest of compute, tensor all-reduces, pipeline bubble, pipeline
             sends and fsdp/data traffic (before overlap), in words.
     """
@@ -168,35 +168,36 @@ class Candidate:
             residuals=))` (see `shardkit.plan.pipe.strategy`).
 
         Raises:
-            ValueError: for a row shardkit cannot run (`runnable` is False): fsdp combined
-                with stages, or a row predicted with sequence parallelism.
+            ValueError: for a row shardkit cannot run (`runnable` is False): fsdp, or
+                sequence parallelism, combined with stages.
 
         Example:
             >>> from shardkit.plan import preset
-            >>> evaluate(preset("llama3-8b", batch=8), "h100", fsdp=8).strategy()
-            Hybrid(data=1, fsdp=8, tensor=1, zero=3, tensor_rules=None, rules=None, pipeline=None)
+            >>> s = evaluate(preset("llama3-8b", batch=8), "h100", fsdp=8).strategy()
+            >>> s.mesh_axes(8), s.zero, s.sequence_parallel
+            ({'fsdp': 8}, 3, False)
         """
         # lazy and upward: the planner imports no JAX and sits below the strategies (whose
         # `Auto` plans); a row becomes a strategy on request
         from shardkit.strategies.core import Hybrid
 
-        if self.sequence_parallel:
+        if self.sequence_parallel and self.stage > 1:
             raise ShardkitValueError(
-                f"layout {self.layout} was predicted with sequence parallelism over tensor="
-                f"{self.tensor}, which shardkit's tensor parallelism does not implement (its "
-                "block inputs stay whole on every tensor rank, so activations would be larger "
-                "than predicted); fix: plan(..., sequence_parallel=False) for layouts shardkit "
-                "runs."
+                f"layout {self.layout} was predicted with sequence parallelism inside pipeline "
+                "stages, which shardkit does not run; fix: plan(..., sequence_parallel=False) "
+                "or max_stage=1 for layouts shardkit runs."
             )
         zero = self.zero if self.fsdp > 1 else 3
         if self.stage == 1:
-            return Hybrid(data=self.data, fsdp=self.fsdp, tensor=self.tensor, zero=zero)
+            sp = {"sequence_parallel": True} if self.sequence_parallel else {}
+            return Hybrid(data=self.data, fsdp=self.fsdp, tensor=self.tensor, zero=zero, **sp)
         return pipe.strategy(self)  # Hybrid(data, tensor, pipeline=Pipeline(...))
 
     @property
     def runnable(self) -> bool:
         """Whether shardkit can run this row (`strategy()` works); else a prediction only."""
-        return not (pipe.not_runnable(self) or getattr(self, "sequence_parallel", False))
+        sp_staged = getattr(self, "sequence_parallel", False) and self.stage > 1
+        return not (pipe.not_runnable(self) or sp_staged)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready fields, derived memory totals included."""

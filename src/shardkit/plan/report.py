@@ -99,7 +99,7 @@ def why(plan) -> str:
     if not c.runnable:
         run = next((r for r in plan.candidates if r.runnable), None)
         parts.append(
-            "shardkit does not run it (fsdp inside pipeline stages, or sequence parallelism)"
+            "shardkit does not run it (fsdp, or sequence parallelism, inside pipeline stages)"
             + (f"; the fastest layout it runs is {run.layout}." if run else ".")
         )
     if len(plan.candidates) > 1:

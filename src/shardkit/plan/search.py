@@ -103,8 +103,8 @@ def plan(
             distributed optimizer).
         sequence_parallel: predict tensor-parallel layouts with Megatron-style sequence
             parallelism (block inputs split over "tensor" too; see `evaluate`), to compare
-            with published runs that used it. shardkit's tensor parallelism does not implement
-            it, so `strategy()` refuses such rows.
+            with published runs that used it; `strategy()` runs such rows with
+            `Hybrid(sequence_parallel=True)` (not inside pipeline stages).
 
     Returns:
         A `Plan`; `plan.best` is the fastest layout that fits.
@@ -285,7 +285,7 @@ class Plan:
     def runnable_best(self) -> Candidate:
         """The fastest layout that shardkit runs (`Candidate.runnable`).
 
-        Rows combining fsdp with pipeline stages, or sequence parallelism, are predictions
+        Rows combining fsdp, or sequence parallelism, with pipeline stages are predictions
         only; they are passed over.
 
         Raises:

@@ -80,16 +80,25 @@ class Auto:
         return hw if memory is None else hw.replace(hbm_bytes=int(memory))
 
     def plan(
-        self, workload: Any, *, devices: int | Sequence[Any], batch: int | None = None
+        self,
+        workload: Any,
+        *,
+        devices: int | Sequence[Any],
+        batch: int | None = None,
+        sequence_parallel: bool = False,
     ) -> Plan:
-        """The planner's ranking of `workload`'s layouts on `devices` (a count or the devices).
+        """The planner's ranking of `workload`'s layouts on `devices` (a count or the devices);
+        with `sequence_parallel`, tensor-parallel rows run Megatron's sequence parallelism.
 
         Raises:
             NoValidLayoutError, DoesNotFitError, UnknownHardwareError: as `shardkit.plan.plan`.
         """
         devs = None if isinstance(devices, int) else list(devices)
         n = devices if devs is None else len(devs)
-        return plan(workload, devices=n, hardware=self.profile(devs), batch=batch)
+        return plan(
+            workload, devices=n, hardware=self.profile(devs), batch=batch,
+            sequence_parallel=sequence_parallel,
+        )  # fmt: skip
 
     def choose(
         self,

@@ -9,6 +9,7 @@ checks, instead of each asking the strategy about the mesh again.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import types
 from collections.abc import Mapping, Sequence
@@ -17,6 +18,7 @@ from typing import Any, Protocol, runtime_checkable
 from jax.sharding import AxisType
 from jax.sharding import PartitionSpec as P
 
+from shardkit.placement import sequence_parallel
 from shardkit.strategies.pipeline import Pipeline
 
 __all__ = ["BoundStrategy", "ExpectedCollectives", "Strategy"]
@@ -120,6 +122,18 @@ class BoundStrategy:
             description=strategy.describe(mesh),
             explicit=any(t == AxisType.Explicit for t in getattr(mesh, "axis_types", ())),
         )
+
+    @property
+    def sequence_parallel(self) -> bool:
+        """Whether the residual stream is split over the sequence along "tensor"."""
+        return bool(getattr(self.strategy, "sequence_parallel", False)) and self.size("tensor") > 1
+
+    def model_context(self):
+        """The context a model is traced in: `shardkit.placement.sequence_parallel` when the
+        strategy asks for it (and the mesh has a tensor axis), else nothing."""
+        if self.sequence_parallel:
+            return sequence_parallel(self.mesh, "tensor", self.batch_axes)
+        return contextlib.nullcontext()
 
     def size(self, axis: str) -> int:
         """The size of mesh axis `axis` (1 when the mesh has no such axis)."""

@@ -199,7 +199,8 @@ class _Base:
             what = "params+grads+optimizer" if self.zero == 3 else "optimizer state"
             parts.append(f"fsdp x{_size(mesh, 'fsdp')} (ZeRO-{self.zero}: {what} split)")
         if _size(mesh, "tensor") > 1:
-            parts.append(f"tensor x{_size(mesh, 'tensor')} (Megatron: heads/mlp/vocab split)")
+            sp = ", sequence parallel" if getattr(self, "sequence_parallel", False) else ""
+            parts.append(f"tensor x{_size(mesh, 'tensor')} (Megatron: heads/mlp/vocab split{sp})")
         if self.pipeline is not None and _size(mesh, "stage") > 1:
             parts.append(self.pipeline.describe())
         return f"{self!r}: " + ("; ".join(parts) or "single device, nothing split")
@@ -395,6 +396,13 @@ class Hybrid(_Base):
         pipeline: a `Pipeline(stages=p, schedule=..., microbatches=m)` adds mesh axis "stage"
             (outermost): the stacked layers are split into stages and `Trainer` runs the
             schedule. Combines with data and tensor, not with fsdp.
+        sequence_parallel: Megatron's sequence parallelism: between tensor-parallel regions
+            the residual stream (norms, residual adds) is split over the sequence along
+            "tensor", so each row-parallel all-reduce becomes a reduce-scatter and an
+            all-gather before the next column-parallel matmul (same bytes, 1/tensor of the
+            activations per device). Models mark the stream with
+            `shardkit.placement.split_sequence` / `gather_sequence` (`shardkit.models.GPT`
+            does). Not combined with a pipeline.
 
     One degree may be -1 to take the remaining devices.
 
@@ -420,12 +428,18 @@ class Hybrid(_Base):
     tensor_rules: tuple[tuple[str, int | None], ...] | None = None
     rules: Any = None
     pipeline: Any = None
+    sequence_parallel: bool = False
 
     def __post_init__(self):
         _check_zero(self.zero)
         _check_degrees({"data": self.data, "fsdp": self.fsdp, "tensor": self.tensor})
         if self.pipeline is not None:
             _check_pipeline(self)
+            if self.sequence_parallel:
+                raise ShardkitValueError(
+                    "Hybrid(sequence_parallel=True, pipeline=...): sequence parallelism inside "
+                    "pipeline stages is not supported; fix: drop one of them."
+                )
 
     def degrees(self, n_devices: int) -> dict[str, int]:
         sizes = {"data": self.data, "fsdp": self.fsdp, "tensor": self.tensor}
@@ -509,6 +523,7 @@ class TensorParallel(_Base):
     Args:
         tensor: degree (-1: all devices).
         tensor_rules: name patterns for models without logical names (see `Hybrid`).
+        sequence_parallel: Megatron's sequence parallelism (see `Hybrid`).
 
     Example:
         >>> TensorParallel().mesh_axes(4)
@@ -518,6 +533,7 @@ class TensorParallel(_Base):
     tensor: int = -1
     tensor_rules: tuple[tuple[str, int | None], ...] | None = None
     rules: Any = None  # a shardkit.Rules giving every layout (see Hybrid)
+    sequence_parallel: bool = False
 
     def __post_init__(self):
         _check_degrees({"tensor": self.tensor})

@@ -13,6 +13,16 @@ NAMES = ("auto", "dp", "fsdp", "zero1", "tp", "hybrid")
 MESH_AXES = ("data", "fsdp", "tensor", "stage")
 
 
+def _sequence_parallel(name: str, key: str, wanted: bool) -> dict[str, bool]:
+    if wanted and key in ("dp", "fsdp", "zero1"):
+        raise ShardkitValueError(
+            f"sequence parallelism splits the sequence over the tensor axis, which strategy "
+            f"{name!r} has not; fix: --strategy tp, or --strategy hybrid with a tensor axis "
+            "(e.g. --mesh data=4,tensor=2)."
+        )
+    return {"sequence_parallel": True} if wanted else {}
+
+
 def from_name(
     name: str,
     *,
@@ -20,6 +30,7 @@ def from_name(
     schedule: str | None = None,
     microbatches: int | None = None,
     residuals: str | None = None,
+    sequence_parallel: bool = False,
 ):
     """Builds a strategy from a short name and optional mesh axis sizes.
 
@@ -33,6 +44,8 @@ def from_name(
             "zb-h1-fused"; default "1f1b"); needs "stage" in `mesh`.
         microbatches: pipeline micro-batches per step (default 2 x stage); needs "stage".
         residuals: "recompute" (default) or "stash" (see `Pipeline`); needs "stage".
+        sequence_parallel: Megatron's sequence parallelism with the tensor axis ("tp" and
+            "hybrid"; "auto" passes it to the chosen layout when that has a tensor axis).
 
     Raises:
         ValueError: for an unknown name or mesh axis, an axis the strategy does not use, or
@@ -69,6 +82,7 @@ def from_name(
             "axis > 1; fix: add the stage count to the mesh, e.g. --strategy hybrid "
             "--mesh data=2,stage=4."
         )
+    sp = _sequence_parallel(name, key, sequence_parallel)
     if key == "hybrid":
         degrees = mesh or {"data": -1, "tensor": 2}
         pipeline = None
@@ -80,7 +94,9 @@ def from_name(
                 residuals=residuals or "recompute",
             )
         return Hybrid(
-            **{a: int(degrees.get(a, 1)) for a in MESH_AXES if a != "stage"}, pipeline=pipeline
+            **{a: int(degrees.get(a, 1)) for a in MESH_AXES if a != "stage"},
+            pipeline=pipeline,
+            **sp,
         )
     if key == "auto":
         if mesh:
@@ -101,5 +117,5 @@ def from_name(
     if key == "dp":
         return DataParallel(data=size)
     if key == "tp":
-        return TensorParallel(tensor=size)
+        return TensorParallel(tensor=size, **sp)
     return FSDP(fsdp=size, zero=1 if key == "zero1" else 3)

@@ -32,6 +32,8 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
+from shardkit.placement import sequence_batch
+
 __all__ = ["accumulate", "accumulate_per_microbatch", "per_microbatch_notes", "unreduced_axes"]
 
 
@@ -105,12 +107,14 @@ def accumulate(
 
     def micro(carry, mb):
         loss, metrics, grads = carry
-        (l, (m, _)), g = per_shard(params, mb, None)
+        with sequence_batch(rest):  # the model's batch dim, per shard: the other batch axes
+            (l, (m, _)), g = per_shard(params, mb, None)
         grads = constrain(jax.tree.map(jnp.add, grads, g), grad_specs)
         return (loss + l.sum(), jax.tree.map(lambda a, b: a + b.sum(), metrics, m), grads), None
 
     first = jax.tree.map(lambda x: x[0], jax.tree.map(split, batch))
-    (_, (m0, _)), g0 = jax.eval_shape(per_shard, params, first, None)
+    with sequence_batch(rest):
+        (_, (m0, _)), g0 = jax.eval_shape(per_shard, params, first, None)
     zeros = lambda t: jax.tree.map(lambda x: jnp.zeros(x.shape[1:], jnp.float32), t)  # noqa: E731
     carry = (
         jnp.zeros((), jnp.float32),

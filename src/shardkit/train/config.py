@@ -119,6 +119,8 @@ class TrainConfig:
     """pipeline micro-batches per step; None: 2 x stage."""
     residuals: Residuals | None = None
     """pipeline backward: recompute (None) or stash the stage inputs."""
+    sequence_parallel: bool = False
+    """Megatron sequence parallelism: norms and residuals on sequence slices over tensor."""
     # optimisation
     steps: int = 300
     """training steps."""
@@ -182,14 +184,15 @@ class TrainConfig:
                 f"keep={self.keep} would delete every checkpoint, including the one being "
                 "resumed from; fix: --keep 1 or more (default 3)."
             )
-        for name in ("lr", "weight_decay"):
-            value = getattr(self, name)
-            if not math.isfinite(value) or value < 0 or (name == "lr" and value == 0):
-                raise ShardkitValueError(
-                    f"{name}={value} is not a {'positive' if name == 'lr' else 'non-negative'} "
-                    f"finite number; fix: --{name.replace('_', '-')} "
-                    f"{'3e-3' if name == 'lr' else '0.01'}."
-                )
+        if not math.isfinite(self.lr) or self.lr <= 0:
+            raise ShardkitValueError(
+                f"lr={self.lr} is not a positive finite learning rate; fix: --lr 3e-3."
+            )
+        if not math.isfinite(self.weight_decay) or self.weight_decay < 0:
+            raise ShardkitValueError(
+                f"weight_decay={self.weight_decay} is not a non-negative finite number; fix: "
+                "--weight-decay 0.01."
+            )
         if self.resume and self.overwrite:
             raise ShardkitValueError(
                 "--resume continues the checkpoints that --overwrite would delete; fix: pass one."

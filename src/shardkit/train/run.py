@@ -127,7 +127,7 @@ def auto_plan(cfg: TrainConfig, model_cfg, devices):
         batch=cfg.batch,
         precision=cfg.precision,  # the planner reads the Trainer's names
     )
-    return Auto().plan(workload, devices=devices)
+    return Auto().plan(workload, devices=devices, sequence_parallel=cfg.sequence_parallel)
 
 
 def runnable_best(planned):
@@ -166,6 +166,7 @@ def build_trainer(cfg: TrainConfig, devices=None, *, planned=None):
         schedule=cfg.schedule,
         microbatches=cfg.microbatches,
         residuals=cfg.residuals,
+        sequence_parallel=cfg.sequence_parallel,
     )
     if isinstance(strategy, Auto):
         targets = list(jax.devices()[: cfg.devices] if devices is None else devices)

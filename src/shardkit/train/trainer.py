@@ -409,7 +409,8 @@ class Trainer:
             model = self.kind.bind(params, model_state, train=train)
             if self._layer_specs is not None and hasattr(model, "layer_layout"):
                 model.layer_layout = self._layer_layout
-            out = self.loss_fn(model, batch)
+            with self.bound.model_context():  # sequence parallelism, when asked for
+                out = self.loss_fn(model, batch)
             loss, metrics = out if isinstance(out, tuple) else (out, {})
             if model_state is not None:
                 model_state = cast_like(self.kind.state_of(model), model_state)
