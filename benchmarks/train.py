@@ -17,6 +17,9 @@
    float32 here, so XLA:CPU's upcast of bf16 collectives to f32 does not inflate the figures;
    with --precision bfloat16 gradients are still reduced in float32 (fp32 master weights).
 
+3. Gradient accumulation and sequence parallelism: bytes per device per step at 1 and 4
+   micro-batches, for DP, ZeRO-1, ZeRO-3, TP and TP + SP, against each lower bound.
+
 Run: python benchmarks/train.py [--rounds 7]
 """
 
@@ -39,6 +42,7 @@ from shardkit.models import GPT, GPTConfig, lm_loss
 from shardkit.strategies import FSDP, DataParallel, Hybrid, TensorParallel
 from shardkit.train import ReverseTask, Trainer
 from shardkit.train.trainer import TrainState
+from shardkit.verify import measure_gpt
 
 TASK = ReverseTask(digits=15, length=16)
 CFG = GPTConfig(vocab=TASK.vocab, d_model=128, n_layers=2, n_heads=8, seq_len=TASK.seq_len)
@@ -153,6 +157,34 @@ def communication() -> None:
         )
 
 
+def accumulation_and_sequence() -> None:
+    """Bytes per device per step at 1 and 4 micro-batches, with sequence parallelism, after
+    CPU normalisation (`measure_gpt`: an all-reduce XLA:CPU reads through a slice, or runs in
+    the backward pass over the ZeRO or, under sequence parallelism, the tensor axis, counts as
+    the reduce-scatter GPUs emit), float32, against the lower bound of each."""
+    n, ring = 8, 7 / 8
+    p_bytes = 4 * CFG.n_params()
+    act = BATCH * CFG.seq_len * CFG.d_model * 4  # the whole batch's stream, float32
+    cases = [
+        ("DataParallel", DataParallel(), lambda m: 2 * ring * p_bytes),
+        ("FSDP ZeRO-1", FSDP(zero=1), lambda m: 2 * ring * p_bytes),
+        # ZeRO-3 gathers and reduce-scatters per micro-batch (its memory is why)
+        ("FSDP ZeRO-3", FSDP(), lambda m: m * 2 * ring * p_bytes),
+        ("TensorParallel", TensorParallel(), lambda m: 2 * ring * act * (4 * CFG.n_layers + 2)),
+        ("TP + SP", TensorParallel(sequence_parallel=True),
+         lambda m: 2 * ring * act * (4 * CFG.n_layers + 2)),
+    ]  # fmt: skip
+    print(f"\n== bytes per device per step vs lower bound, {n} devices, float32, CPU-normalised")
+    print(f"{'strategy':<16}{'micro-batches':>14}{'compiled':>14}{'lower bound':>14}{'ratio':>8}")
+    for label, strategy, bound in cases:
+        for m in (1, 4):
+            got = measure_gpt(CFG, strategy, devices=n, batch=BATCH, grad_accum=m,
+                              precision="float32")  # fmt: skip
+            total = sum(v["bytes"] for v in got.collectives.values())
+            print(f"{label:<16}{m:>14}{total / 2**10:>11,.0f} KiB{bound(m) / 2**10:>11,.0f} KiB"
+                  f"{total / bound(m):>8.2f}")  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=7)
@@ -161,6 +193,7 @@ def main() -> None:
     print(f"jax {jax.__version__}, {jax.device_count()} devices ({jax.default_backend()})")
     overhead(args.rounds)
     communication()
+    accumulation_and_sequence()
 
 
 if __name__ == "__main__":

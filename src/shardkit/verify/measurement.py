@@ -490,6 +490,10 @@ def measure_gpt(
     abstract_batch = _abstract_batch(trainer, batch, model.seq_len)
     step = trainer.jit_step({k: v.sharding for k, v in abstract_batch.items()})
     zero_axis = "fsdp" if axes.get("fsdp", 1) > 1 else None
+    if zero_axis is None and trainer.bound.sequence_parallel:
+        # sequence parallelism: the row-parallel reductions onto sequence slices and the
+        # backward pass's input-gradient reductions are the reduce-scatters GPUs emit
+        zero_axis = "tensor"
     counts = _pipeline_branch_counts(trainer.pipeline, axes) if trainer.pipeline else None
     m = measure(
         step,
