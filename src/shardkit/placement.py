@@ -7,6 +7,11 @@ place, so `constrain` splits the wanted spec in two: the Explicit axes go to `re
 axes to `with_sharding_constraint`. Manual axes (inside `shard_map`) are left alone. On a mixed
 mesh a dim split over both kinds has its Explicit axes first (they are part of the type; the
 constraint adds the Auto ones after them).
+
+Sequence parallelism's layouts live here too, so models (which import no strategy) can mark
+their residual stream: `split_sequence`, `gather_sequence`, `split_heads` and `sequence_out`
+act only while a step is traced inside `sequence_parallel` (the Trainer enters it for
+`TensorParallel(sequence_parallel=True)` and `Hybrid(..., sequence_parallel=True)`).
 """
 
 from __future__ import annotations
