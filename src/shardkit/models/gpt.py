@@ -119,11 +119,12 @@ class Block(nnx.Module):
         # under sequence parallelism the residual stream and the norms run on sequence slices
         x = split_sequence(x)
         h = gather_sequence(_norm(x, self.norm1[...]))
-        # (B, T, H, K) column-parallel; `split_heads` pins the heads split under sequence
-        # parallelism (a no-op otherwise)
-        q = split_heads(jnp.einsum("btd,dhk->bthk", h, w(self.q)), 2)
-        k = split_heads(jnp.einsum("btd,dhk->bthk", h, w(self.k)), 2)
-        v = split_heads(jnp.einsum("btd,dhk->bthk", h, w(self.v)), 2)
+        # q, k, v: (B, T, H, K) column-parallel, as one contraction over the stacked weights,
+        # so the backward pass sums the three input gradients before its one tensor
+        # all-reduce (three separate ones would each be reduced); `split_heads` pins the heads
+        # split under sequence parallelism (a no-op otherwise)
+        qkv = jnp.einsum("btd,cdhk->cbthk", h, jnp.stack([w(self.q), w(self.k), w(self.v)]))
+        q, k, v = (split_heads(qkv[i], 2) for i in range(3))
         t = x.shape[1]
         scores = jnp.einsum("bthk,bshk->bhts", q, k) / jnp.sqrt(q.shape[-1]).astype(dt)
         causal = jnp.tril(jnp.ones((t, t), dtype=bool))

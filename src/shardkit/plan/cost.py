@@ -510,9 +510,10 @@ def _tp_all_reduces(w: Transformer, remat: str) -> int:
 
     Forward: after the attention output and the MLP-down row-parallel matmuls (2). Backward:
     the input gradients of the column-parallel q/k/v and MLP-up (and gate) matmuls are partial
-    sums, one all-reduce per kernel (Megatron fuses q/k/v and gate/up: 2; separate kernels, as
-    in shardkit's GPT: 3 + 1 or 2). "block" remat reruns the attention-output all-reduce (the
-    MLP-down one only feeds the block output, dead in the recomputation).
+    sums, one all-reduce per kernel (Megatron fuses q/k/v and gate/up: 2, as shardkit's GPT
+    does by contracting its stacked q/k/v at once; separate kernels: 3 + 1 or 2). "block"
+    remat reruns the attention-output all-reduce (the MLP-down one only feeds the block
+    output, dead in the recomputation).
     """
     backward = 2 if w.fused_qkv else 3 + (2 if w.gated else 1)
     return 2 + backward + (1 if remat == "block" else 0)

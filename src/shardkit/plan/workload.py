@@ -261,7 +261,7 @@ class Transformer:
             tied=False,
             norm_params=1,
             attention="naive",
-            fused_qkv=False,
+            fused_qkv=True,  # q/k/v stacked into one contraction (one backward all-reduce)
             precision="shardkit",
             remat=cfg.remat,
             logits_bytes=24,
