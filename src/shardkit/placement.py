@@ -86,9 +86,7 @@ _SEQUENCE: contextvars.ContextVar[tuple[Any, str, Any] | None] = contextvars.Con
 
 
 @contextlib.contextmanager
-def sequence_parallel(
-    mesh: Any, axis: str = "tensor", batch: Sequence[str] = ()
-) -> Iterator[None]:
+def sequence_parallel(mesh: Any, axis: str = "tensor", batch: Sequence[str] = ()) -> Iterator[None]:
     """Turns on sequence parallelism over mesh axis `axis` for models traced inside; `batch`
     names the mesh axes the activations' batch dim is split over (kept as it is)."""
     token = _SEQUENCE.set((mesh, axis, tuple(batch)))
