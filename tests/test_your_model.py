@@ -449,3 +449,39 @@ def test_nnx_param_sharding_and_sharded_model_under_flax_defaults():
     with nnx.use_eager_sharding(False):
         plain = NNXPartitioned(nnx.Rngs(0))
     np.testing.assert_array_equal(np.asarray(model.l1.kernel[...]), plain.l1.kernel[...])
+
+
+class PlainLinen(nn.Module):
+    """A Linen model with parameters only (no batch_stats, no dropout)."""
+
+    @nn.compact
+    def __call__(self, x):
+        return nn.Dense(CLASSES)(nn.relu(nn.Dense(HIDDEN)(x)))
+
+
+def test_a_linen_model_with_parameters_only_returns_its_output():
+    """`model(x)` is the module's output, not Flax's (output, {}) pair, when the variables
+    hold nothing but parameters; the losses equal a hand-written optax loop's."""
+    module = PlainLinen()
+    variables = module.init(jax.random.key(0), jnp.zeros((1, D_IN)))
+    seen = []
+
+    def loss(model, batch):
+        out = model(batch["x"])
+        seen.append(type(out))
+        return xent(out, batch["y"])
+
+    trainer = Trainer(lambda k: Linen(module, variables), optax.sgd(0.1), loss,
+                      strategy=DataParallel(), grad_accum=2)  # fmt: skip
+    state = trainer.init(0)
+    params, opt = variables["params"], optax.sgd(0.1)
+    opt_state = opt.init(params)
+    for batch in batches():
+        state, metrics = trainer.step(state, trainer.place_batch(batch))
+        value, grads = jax.value_and_grad(
+            lambda p, b=batch: xent(module.apply({"params": p}, b["x"]), b["y"])
+        )(params)
+        updates, opt_state = opt.update(grads, opt_state, params)
+        params = optax.apply_updates(params, updates)
+        np.testing.assert_allclose(float(metrics["loss"]), float(value), rtol=RTOL)
+    assert seen and all(t is not tuple for t in seen), seen

@@ -99,7 +99,10 @@ class _BoundLinen:
         for name, key in self._rngs.items():
             self._rngs[name], keys[name] = jax.random.split(key)
         mutable = [c for c in self.variables if c != "params"]
-        out = self.module.apply(self.variables, *args, rngs=keys, mutable=mutable, **kwargs)
+        # mutable=[] would still make Flax return (out, {}): False returns the output alone
+        out = self.module.apply(
+            self.variables, *args, rngs=keys, mutable=mutable or False, **kwargs
+        )
         if mutable:
             out, updates = out
             self.variables = {**self.variables, **updates}
