@@ -4,11 +4,11 @@ Every case compares with one device computing the whole batch at once (grad_accu
 float32 sums in another order: losses agree to ~1e-6, gradients to 2e-5 relative.
 """
 
-import jax
 import numpy as np
 import optax
 import pytest
 from flax import nnx
+from reference import assert_equal_to, single_device
 
 from shardkit.inspection import inspect
 from shardkit.models import GPT, GPTConfig, lm_loss
@@ -36,12 +36,7 @@ def trainer_for(strategy, **kw):
 
 @pytest.fixture(scope="module")
 def reference():
-    """Loss and gradients of the whole batch on one device."""
-    one = trainer_for(DataParallel(), devices=jax.devices()[:1])
-    state = one.init(0)
-    batch = one.place_batch(TASK.batch(0, batch_size=BATCH))
-    (loss, _), grads = one.loss_and_grads(state.params, batch)
-    return float(loss), jax.device_get(grads)
+    return single_device(trainer_for, TASK.batch(0, batch_size=BATCH))
 
 
 @pytest.mark.parametrize("axis_types", ["auto", "explicit"])
@@ -51,13 +46,7 @@ def test_accumulated_gradients_equal_the_single_device_ones(name, axis_types, re
     state = trainer.init(0)
     batch = trainer.place_batch(TASK.batch(0, batch_size=BATCH))
     (loss, _), grads = trainer.loss_and_grads(state.params, batch)
-    ref_loss, ref_grads = reference
-    np.testing.assert_allclose(float(loss), ref_loss, rtol=1e-6)
-    for path, g in jax.tree_util.tree_leaves_with_path(jax.device_get(grads)):
-        ref = ref_grads
-        for key in path:
-            ref = ref[key.key if hasattr(key, "key") else key.idx]
-        np.testing.assert_allclose(g, ref, rtol=2e-5, atol=1e-7, err_msg=str(path))
+    assert_equal_to(reference, loss, grads)
 
 
 def gradient_bytes(strategy, accum, axis_types="auto"):

@@ -4,15 +4,14 @@ the planner's rows, and clear errors where it does not apply.
 float32 sums in another order: losses agree to 1e-6, gradients to 2e-5 relative.
 """
 
-import jax
-import numpy as np
 import optax
 import pytest
 from flax import nnx
+from reference import assert_equal_to, single_device
 
 from shardkit.inspection import inspect
 from shardkit.models import GPT, GPTConfig, lm_loss
-from shardkit.strategies import DataParallel, Hybrid, Pipeline, TensorParallel
+from shardkit.strategies import Hybrid, Pipeline, TensorParallel
 from shardkit.strategies.parse import from_name
 from shardkit.train import ReverseTask, Trainer
 
@@ -35,20 +34,7 @@ def trainer_for(strategy, **kw):
 
 @pytest.fixture(scope="module")
 def reference():
-    one = trainer_for(DataParallel(), devices=jax.devices()[:1])
-    state = one.init(0)
-    (loss, _), grads = one.loss_and_grads(
-        state.params, one.place_batch(TASK.batch(0, batch_size=BATCH))
-    )
-    return float(loss), jax.device_get(grads)
-
-
-def assert_equal_to(reference, loss, grads):
-    ref_loss, ref_grads = reference
-    np.testing.assert_allclose(float(loss), ref_loss, rtol=1e-6)
-    flat_ref = dict(jax.tree_util.tree_leaves_with_path(ref_grads))
-    for path, g in jax.tree_util.tree_leaves_with_path(jax.device_get(grads)):
-        np.testing.assert_allclose(g, flat_ref[path], rtol=2e-5, atol=1e-7, err_msg=str(path))
+    return single_device(trainer_for, TASK.batch(0, batch_size=BATCH))
 
 
 @pytest.mark.parametrize("axis_types", ["auto", "explicit"])
