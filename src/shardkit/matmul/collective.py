@@ -45,6 +45,7 @@ from shardkit.matmul._layout import (
     pspec,
 )
 from shardkit.matmul._tiles import add_product, tile_count
+from shardkit.rings import ring_gather, ring_reduce_scatter
 
 __all__ = ["build_collective", "fit_collective"]
 
@@ -219,73 +220,6 @@ def _step_extra(L: MatmulLayout, form: str, x: str, panel: int, bidirectional: b
     return extra, tiles, cut_axis
 
 
-def _ring_gather(x, axis: str, p: int, dim: int, consume, acc, bidirectional: bool):
-    """Passes blocks of ``x`` (split on ``dim``) around the ring; ``consume(acc, piece, start)``
-    receives each piece with its start offset in the full (gathered) dim.
-
-    The P-1 steps are a ``fori_loop``: one loop body holds the collective-permute(s), so the
-    compiler keeps one block in flight and one in use, and cannot hoist all transfers (or all
-    products) to the front, which would hold every block at once.
-    """
-    idx = lax.axis_index(axis)
-    size = x.shape[dim]
-    fwd = [(i, (i + 1) % p) for i in range(p)]
-    bwd = [(i, (i - 1) % p) for i in range(p)]
-    if not bidirectional:
-
-        def step(s, carry):
-            acc, cur = carry  # cur is block idx - (s - 1)
-            nxt = lax.ppermute(cur, axis, fwd)  # in flight during the product below
-            return consume(acc, cur, ((idx - s + 1) % p) * size), nxt
-
-        acc, cur = lax.fori_loop(1, p, step, (acc, x))
-        return consume(acc, cur, ((idx - p + 1) % p) * size)
-    half = size // 2
-
-    def step2(s, carry):
-        acc, cur_f, cur_b = carry  # first half of block idx - (s-1), second half of idx + (s-1)
-        nxt_f = lax.ppermute(cur_f, axis, fwd)
-        nxt_b = lax.ppermute(cur_b, axis, bwd)
-        acc = consume(acc, cur_f, ((idx - s + 1) % p) * size)
-        acc = consume(acc, cur_b, ((idx + s - 1) % p) * size + half)
-        return acc, nxt_f, nxt_b
-
-    cur_f = lax.slice_in_dim(x, 0, half, axis=dim)
-    cur_b = lax.slice_in_dim(x, half, size, axis=dim)
-    acc, cur_f, cur_b = lax.fori_loop(1, p, step2, (acc, cur_f, cur_b))
-    acc = consume(acc, cur_f, ((idx - p + 1) % p) * size)
-    return consume(acc, cur_b, ((idx + p - 1) % p) * size + half)
-
-
-def _ring_reduce_scatter(contrib, axis: str, p: int, size: int, bidirectional: bool):
-    """``contrib(start, length)`` is this device's partial C slice; returns the own block.
-
-    At step s device i adds its part of block i-s-1 to the partial sum arriving from i-1, so
-    after P-1 steps it holds the full sum of block i. The steps are a ``fori_loop`` (see
-    :func:`_ring_gather`).
-    """
-    idx = lax.axis_index(axis)
-    fwd = [(i, (i + 1) % p) for i in range(p)]
-    bwd = [(i, (i - 1) % p) for i in range(p)]
-    if not bidirectional:
-
-        def step(s, acc):
-            part = contrib(((idx - s - 1) % p) * size, size)  # independent of the transfer
-            return lax.ppermute(acc, axis, fwd) + part
-
-        return lax.fori_loop(1, p, step, contrib(((idx - 1) % p) * size, size))
-    half = size // 2
-
-    def step2(s, carry):
-        acc_f, acc_b = carry
-        part_f = contrib(((idx - s - 1) % p) * size, half)
-        part_b = contrib(((idx + s + 1) % p) * size + half, half)
-        return lax.ppermute(acc_f, axis, fwd) + part_f, lax.ppermute(acc_b, axis, bwd) + part_b
-
-    init = (contrib(((idx - 1) % p) * size, half), contrib(((idx + 1) % p) * size + half, half))
-    return lax.fori_loop(1, p, step2, init)
-
-
 def build_collective(
     L: MatmulLayout, method: Method, dtype
 ) -> Callable[[jax.Array, jax.Array], jax.Array]:
@@ -316,7 +250,7 @@ def build_collective(
                 return add_product(c, lhs, rhs, tiles=tiles, axis=cut_axis, dtype=dtype, **kw)
 
             src = a if travel_a else b
-            return _ring_gather(src, x, p, dim, consume, jnp.zeros(shape, dtype), bidi)
+            return ring_gather(src, x, p, dim, consume, jnp.zeros(shape, dtype), bidi)
         # matmul-reduce-scatter: both operands are read on this device's K block; an operand
         # not sharded on K is read there in tiles, never copied whole.
         ka = 0 if a.shape[1] == kb else lax.axis_index(x) * kb
@@ -339,7 +273,7 @@ def build_collective(
                 overwrite=True,
             )
 
-        res = _ring_reduce_scatter(contrib, x, p, size, bidi)
+        res = ring_reduce_scatter(contrib, x, p, size, bidi)
         return jnp.concatenate(res, axis=dim) if bidi else res
 
     f = jax.shard_map(
