@@ -166,8 +166,8 @@ def test_renamed_classes_keep_their_old_name_for_a_release(module, old, new):
 # application modules (the `shardkit` command, each `command` module and `shardkit train`'s
 # run) sit on top of everything.
 LAYERS = [
-    {"common", "errors", "compat", "cli_args", "placement"},
-    {"leaves", "mesh", "collectives"},
+    {"common", "errors", "compat", "cli_args", "placement", "rings"},
+    {"leaves", "mesh", "collectives", "overlap"},
     {"linter", "models", "pipeline", "fft", "linalg", "matmul", "distributed"},
     {"rules", "layout"},
     {"plan"},  # beside the others and pure: no JAX, no train, inspection or verify

@@ -23,7 +23,13 @@ CASES = {
     "data2-tensor4": Hybrid(data=2, tensor=4, sequence_parallel=True),
     "fsdp2-tensor4": Hybrid(fsdp=2, tensor=4, sequence_parallel=True),
     "data2-fsdp2-tensor2-zero1": Hybrid(data=2, fsdp=2, tensor=2, zero=1, sequence_parallel=True),
-}
+    # collective matmul: the tensor-parallel matmuls as overlapped rings (shardkit.overlap)
+    "tp8-overlap": TensorParallel(sequence_parallel=True, collective_matmul=True),
+    "data2-tensor4-overlap": Hybrid(data=2, tensor=4, sequence_parallel=True,
+                                    collective_matmul=True),
+    "fsdp2-tensor4-overlap": Hybrid(fsdp=2, tensor=4, sequence_parallel=True,
+                                    collective_matmul=True),
+}  # fmt: skip
 
 
 def trainer_for(strategy, **kw):
@@ -49,8 +55,9 @@ def test_sequence_parallel_gradients_equal_the_single_device_ones(name, axis_typ
 
 
 @pytest.mark.parametrize("axis_types", ["auto", "explicit"])
-def test_sequence_parallel_with_gradient_accumulation(axis_types, reference):
-    trainer = trainer_for(CASES["data2-tensor4"], axis_types=axis_types, grad_accum=4)
+@pytest.mark.parametrize("name", ["data2-tensor4", "data2-tensor4-overlap"])
+def test_sequence_parallel_with_gradient_accumulation(name, axis_types, reference):
+    trainer = trainer_for(CASES[name], axis_types=axis_types, grad_accum=4)
     state = trainer.init(0)
     batch = trainer.place_batch(TASK.batch(0, batch_size=BATCH))
     (loss, _), grads = trainer.loss_and_grads(state.params, batch)
@@ -92,3 +99,25 @@ def test_the_planner_runs_its_sequence_parallel_rows():
     assert row.sequence_parallel and row.runnable
     strategy = row.strategy()
     assert strategy.sequence_parallel and strategy.mesh_axes(8) == row.mesh_axes
+
+
+def test_collective_matmul_runs_the_tensor_traffic_as_rings():
+    trainer = trainer_for(CASES["tp8-overlap"])
+    assert "collective matmul" in trainer.bound.description
+    batch = trainer.place_batch(TASK.batch(0, batch_size=BATCH))
+    kinds = inspect(trainer.compile_step(batch), mesh=trainer.mesh).by_kind()
+    # 2 layers x 4 rings forward (before q/k/v and the MLP, after the attention output and
+    # the MLP) and their 4 transposes backward, 7 steps each over tensor = 8; the head's
+    # and embedding's collectives stay as they are
+    assert kinds["collective-permute"]["count"] == 2 * 4 * 2 * 7
+    expected = trainer.strategy.expected_collectives(trainer.mesh)
+    assert frozenset({"collective-permute"}) in expected.required
+
+
+def test_collective_matmul_without_sequence_parallelism_says_how_to_fix():
+    with pytest.raises(ValueError, match="sequence_parallel=True, collective_matmul=True"):
+        TensorParallel(collective_matmul=True)
+    with pytest.raises(ValueError, match="sequence_parallel=True, collective_matmul=True"):
+        Hybrid(data=2, tensor=4, collective_matmul=True)
+    with pytest.raises(ValueError, match="--sequence-parallel"):
+        from_name("tp", collective_matmul=True)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import dataclasses
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -29,7 +30,9 @@ __all__ = [
     "constrain",
     "constrain_tree",
     "gather_sequence",
+    "SequenceLayout",
     "sequence_batch",
+    "sequence_layout",
     "sequence_out",
     "sequence_parallel",
     "split_heads",
@@ -80,16 +83,20 @@ def constrain_tree(tree: Any, mesh: Any, specs: Any) -> Any:
 # the tensor axis; models mark it with `split_sequence`, gather it before column-parallel
 # matmuls with `gather_sequence`, and give row-parallel matmuls `sequence_out`, so the
 # tensor all-reduce becomes a reduce-scatter after them and an all-gather before.
-_SEQUENCE: contextvars.ContextVar[tuple[Any, str, Any] | None] = contextvars.ContextVar(
+_SEQUENCE: contextvars.ContextVar[tuple[Any, str, Any, bool] | None] = contextvars.ContextVar(
     "shardkit_sequence_parallel", default=None
 )
 
 
 @contextlib.contextmanager
-def sequence_parallel(mesh: Any, axis: str = "tensor", batch: Sequence[str] = ()) -> Iterator[None]:
+def sequence_parallel(
+    mesh: Any, axis: str = "tensor", batch: Sequence[str] = (), *, collective_matmul: bool = False
+) -> Iterator[None]:
     """Turns on sequence parallelism over mesh axis `axis` for models traced inside; `batch`
-    names the mesh axes the activations' batch dim is split over (kept as it is)."""
-    token = _SEQUENCE.set((mesh, axis, tuple(batch)))
+    names the mesh axes the activations' batch dim is split over (kept as it is).
+    `collective_matmul=True` makes `shardkit.overlap`'s matmuls rings whose transfers overlap
+    their products."""
+    token = _SEQUENCE.set((mesh, axis, tuple(batch), bool(collective_matmul)))
     try:
         yield
     finally:
@@ -120,7 +127,7 @@ def _sequence_spec(x: jax.Array, seq: str | None) -> tuple[Any, P, bool] | None:
     ctx = _SEQUENCE.get()
     if ctx is None or x.ndim < 3:
         return None
-    mesh, axis, batch = ctx
+    mesh, axis, batch, _ = ctx
     batch = batch if _BATCH.get() is None else _BATCH.get()
     size = dict(mesh.shape).get(axis, 1)
     if size == 1 or x.shape[1] % size:
@@ -137,6 +144,35 @@ def _sequence_spec(x: jax.Array, seq: str | None) -> tuple[Any, P, bool] | None:
     else:  # the batch axes, stated: left open, the compiler may move "tensor" onto the batch
         lead = batch[0] if len(batch) == 1 else (batch or None)
     return mesh, P(lead, seq, *([None] * (x.ndim - 2))), explicit
+
+
+@dataclasses.dataclass(frozen=True)
+class SequenceLayout:
+    """Where `sequence_layout` puts an activation (B, T, ...) under `sequence_parallel`.
+
+    Attributes:
+        mesh: the mesh of the step.
+        axis: the tensor axis the sequence is split over.
+        spec: the activation's layout with its sequence split (its batch dim as it is).
+        explicit: whether `axis` is Explicit where the model is traced.
+        collective_matmul: whether tensor-parallel matmuls run as overlapped rings.
+    """
+
+    mesh: Any
+    axis: str
+    spec: P
+    explicit: bool
+    collective_matmul: bool
+
+
+def sequence_layout(x: jax.Array) -> SequenceLayout | None:
+    """How `x` (B, T, ...) is laid out with its sequence split under `sequence_parallel`;
+    None outside it, or when the sequence does not split evenly over the tensor axis."""
+    ctx = _SEQUENCE.get()
+    found = None if ctx is None else _sequence_spec(x, ctx[1])
+    if found is None:
+        return None
+    return SequenceLayout(found[0], ctx[1], found[1], found[2], ctx[3])
 
 
 def split_sequence(x: jax.Array) -> jax.Array:

@@ -18,6 +18,7 @@ from flax import nnx
 from shardkit.errors import ShardkitValueError
 from shardkit.models.common import batch_out, param, row_parallel_out
 from shardkit.models.stages import StagedModel
+from shardkit.overlap import all_gather_matmul, matmul_reduce_scatter
 from shardkit.placement import gather_sequence, sequence_out, split_heads, split_sequence
 
 Remat = Literal["none", "block", "dots"]
@@ -118,12 +119,17 @@ class Block(nnx.Module):
         w = lambda p: p[...].astype(dt)
         # under sequence parallelism the residual stream and the norms run on sequence slices
         x = split_sequence(x)
-        h = gather_sequence(_norm(x, self.norm1[...]))
         # q, k, v: (B, T, H, K) column-parallel, as one contraction over the stacked weights,
         # so the backward pass sums the three input gradients before its one tensor
-        # all-reduce (three separate ones would each be reduced); `split_heads` pins the heads
-        # split under sequence parallelism (a no-op otherwise)
-        qkv = jnp.einsum("btd,cdhk->cbthk", h, jnp.stack([w(self.q), w(self.k), w(self.v)]))
+        # all-reduce (three separate ones would each be reduced); `all_gather_matmul` gathers
+        # the sequence first (overlapped with the products under collective matmul) and
+        # `split_heads` pins the heads split under sequence parallelism (no-ops otherwise)
+        qkv = all_gather_matmul(
+            "btd,cdhk->cbthk",
+            _norm(x, self.norm1[...]),
+            jnp.stack([w(self.q), w(self.k), w(self.v)]),
+            split=2,
+        )
         q, k, v = (split_heads(qkv[i], 2) for i in range(3))
         t = x.shape[1]
         scores = jnp.einsum("bthk,bshk->bhts", q, k) / jnp.sqrt(q.shape[-1]).astype(dt)
@@ -131,11 +137,16 @@ class Block(nnx.Module):
         scores = jnp.where(causal, scores.astype(jnp.float32), -1e30)
         probs = jax.nn.softmax(scores, axis=-1).astype(dt)  # (B, H, T, S)
         att = split_heads(jnp.einsum("bhts,bshk->bthk", probs, v), 2)
-        out = jnp.einsum("bthk,hkd->btd", att, w(self.out), out_sharding=_heads_out(att))
+        out = matmul_reduce_scatter(
+            "bthk,hkd->btd", att, w(self.out), split=0, out_sharding=_heads_out(att)
+        )
         x = split_sequence(x + out)  # row-parallel: partial sums reduced over the tensor axis
-        h = gather_sequence(_norm(x, self.norm2[...]))
-        u = split_heads(jax.nn.gelu(jnp.einsum("btd,df->btf", h, w(self.up))), 2)  # (B, T, F)
-        down = jnp.einsum("btf,fd->btd", u, w(self.down), out_sharding=row_parallel_out(u, 3))
+        h = _norm(x, self.norm2[...])
+        u = jax.nn.gelu(all_gather_matmul("btd,df->btf", h, w(self.up), split=1))
+        u = split_heads(u, 2)  # (B, T, F)
+        down = matmul_reduce_scatter(
+            "btf,fd->btd", u, w(self.down), split=0, out_sharding=row_parallel_out(u, 3)
+        )
         return split_sequence(x + down)
 
 

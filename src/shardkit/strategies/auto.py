@@ -86,9 +86,11 @@ class Auto:
         devices: int | Sequence[Any],
         batch: int | None = None,
         sequence_parallel: bool = False,
+        collective_matmul: bool = False,
     ) -> Plan:
         """The planner's ranking of `workload`'s layouts on `devices` (a count or the devices);
-        with `sequence_parallel`, tensor-parallel rows run Megatron's sequence parallelism.
+        with `sequence_parallel`, tensor-parallel rows run Megatron's sequence parallelism
+        (and with `collective_matmul` too, its overlapped rings).
 
         Raises:
             NoValidLayoutError, DoesNotFitError, UnknownHardwareError: as `shardkit.plan.plan`.
@@ -97,7 +99,7 @@ class Auto:
         n = devices if devs is None else len(devs)
         return plan(
             workload, devices=n, hardware=self.profile(devs), batch=batch,
-            sequence_parallel=sequence_parallel,
+            sequence_parallel=sequence_parallel, collective_matmul=collective_matmul,
         )  # fmt: skip
 
     def choose(

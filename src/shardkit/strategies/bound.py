@@ -132,7 +132,10 @@ class BoundStrategy:
         """The context a model is traced in: `shardkit.placement.sequence_parallel` when the
         strategy asks for it (and the mesh has a tensor axis), else nothing."""
         if self.sequence_parallel:
-            return sequence_parallel(self.mesh, "tensor", self.batch_axes)
+            overlap = bool(getattr(self.strategy, "collective_matmul", False))
+            return sequence_parallel(
+                self.mesh, "tensor", self.batch_axes, collective_matmul=overlap
+            )
         return contextlib.nullcontext()
 
     def size(self, axis: str) -> int:

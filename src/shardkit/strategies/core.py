@@ -184,6 +184,10 @@ class _Base:
             why.append("row-parallel partial sums reduced over 'tensor' (Megatron)")
             # the vocab-parallel loss gathers scores; layout changes may use all-to-all
             allowed |= {"all-reduce", "all-gather", "reduce-scatter", "all-to-all"}
+            if getattr(self, "collective_matmul", False):
+                required.append(frozenset({"collective-permute"}))
+                why.append("tensor-parallel matmuls' slices passed around a ring over 'tensor'")
+                allowed |= {"collective-permute"}
         if _size(mesh, "stage") > 1:
             required.append(frozenset({"collective-permute"}))
             why.append("activations and their gradients passed between neighbouring stages")
@@ -200,6 +204,7 @@ class _Base:
             parts.append(f"fsdp x{_size(mesh, 'fsdp')} (ZeRO-{self.zero}: {what} split)")
         if _size(mesh, "tensor") > 1:
             sp = ", sequence parallel" if getattr(self, "sequence_parallel", False) else ""
+            sp += ", collective matmul" if getattr(self, "collective_matmul", False) else ""
             parts.append(f"tensor x{_size(mesh, 'tensor')} (Megatron: heads/mlp/vocab split{sp})")
         if self.pipeline is not None and _size(mesh, "stage") > 1:
             parts.append(self.pipeline.describe())
@@ -403,6 +408,11 @@ class Hybrid(_Base):
             activations per device). Models mark the stream with
             `shardkit.placement.split_sequence` / `gather_sequence` (`shardkit.models.GPT`
             does). Not combined with a pipeline.
+        collective_matmul: with sequence_parallel, run the tensor-parallel matmuls as rings
+            over "tensor" whose transfers overlap their products (`shardkit.overlap`:
+            all-gather-matmul before the column-parallel matmuls, matmul-reduce-scatter after
+            the row-parallel ones; same bytes, as collective-permutes). Models call
+            `shardkit.overlap.all_gather_matmul` / `matmul_reduce_scatter` (GPT does).
 
     One degree may be -1 to take the remaining devices.
 
@@ -429,10 +439,12 @@ class Hybrid(_Base):
     rules: Any = None
     pipeline: Any = None
     sequence_parallel: bool = False
+    collective_matmul: bool = False
 
     def __post_init__(self):
         _check_zero(self.zero)
         _check_degrees({"data": self.data, "fsdp": self.fsdp, "tensor": self.tensor})
+        _check_collective_matmul(self)
         if self.pipeline is not None:
             _check_pipeline(self)
             if self.sequence_parallel:
@@ -524,6 +536,8 @@ class TensorParallel(_Base):
         tensor: degree (-1: all devices).
         tensor_rules: name patterns for models without logical names (see `Hybrid`).
         sequence_parallel: Megatron's sequence parallelism (see `Hybrid`).
+        collective_matmul: overlapped tensor-parallel matmuls, with sequence_parallel (see
+            `Hybrid`).
 
     Example:
         >>> TensorParallel().mesh_axes(4)
@@ -534,12 +548,25 @@ class TensorParallel(_Base):
     tensor_rules: tuple[tuple[str, int | None], ...] | None = None
     rules: Any = None  # a shardkit.Rules giving every layout (see Hybrid)
     sequence_parallel: bool = False
+    collective_matmul: bool = False
 
     def __post_init__(self):
         _check_degrees({"tensor": self.tensor})
+        _check_collective_matmul(self)
 
     def degrees(self, n_devices: int) -> dict[str, int]:
         return _resolve(n_devices, {"tensor": self.tensor})
+
+
+def _check_collective_matmul(strategy) -> None:
+    if strategy.collective_matmul and not strategy.sequence_parallel:
+        name = type(strategy).__name__
+        raise ShardkitValueError(
+            f"{name}(collective_matmul=True) overlaps the all-gather and reduce-scatter that "
+            f"sequence parallelism puts around the tensor-parallel matmuls, and "
+            f"sequence_parallel is off; fix: {name}(sequence_parallel=True, "
+            "collective_matmul=True)."
+        )
 
 
 def _check_zero(zero):

@@ -13,14 +13,20 @@ NAMES = ("auto", "dp", "fsdp", "zero1", "tp", "hybrid")
 MESH_AXES = ("data", "fsdp", "tensor", "stage")
 
 
-def _sequence_parallel(name: str, key: str, wanted: bool) -> dict[str, bool]:
+def _sequence_parallel(name: str, key: str, wanted: bool, overlap: bool) -> dict[str, bool]:
+    if overlap and not wanted:
+        raise ShardkitValueError(
+            "--collective-matmul overlaps the all-gathers and reduce-scatters of sequence "
+            "parallelism, which is off; fix: add --sequence-parallel."
+        )
     if wanted and key in ("dp", "fsdp", "zero1"):
         raise ShardkitValueError(
             f"sequence parallelism splits the sequence over the tensor axis, which strategy "
             f"{name!r} has not; fix: --strategy tp, or --strategy hybrid with a tensor axis "
             "(e.g. --mesh data=4,tensor=2)."
         )
-    return {"sequence_parallel": True} if wanted else {}
+    out = {"sequence_parallel": True} if wanted else {}
+    return out | ({"collective_matmul": True} if overlap else {})
 
 
 def from_name(
@@ -31,6 +37,7 @@ def from_name(
     microbatches: int | None = None,
     residuals: str | None = None,
     sequence_parallel: bool = False,
+    collective_matmul: bool = False,
 ):
     """Builds a strategy from a short name and optional mesh axis sizes.
 
@@ -46,6 +53,8 @@ def from_name(
         residuals: "recompute" (default) or "stash" (see `Pipeline`); needs "stage".
         sequence_parallel: Megatron's sequence parallelism with the tensor axis ("tp" and
             "hybrid"; "auto" passes it to the chosen layout when that has a tensor axis).
+        collective_matmul: with sequence_parallel, the tensor-parallel matmuls as overlapped
+            rings (`Hybrid(collective_matmul=True)`).
 
     Raises:
         ValueError: for an unknown name or mesh axis, an axis the strategy does not use, or
@@ -82,7 +91,7 @@ def from_name(
             "axis > 1; fix: add the stage count to the mesh, e.g. --strategy hybrid "
             "--mesh data=2,stage=4."
         )
-    sp = _sequence_parallel(name, key, sequence_parallel)
+    sp = _sequence_parallel(name, key, sequence_parallel, collective_matmul)
     if key == "hybrid":
         degrees = mesh or {"data": -1, "tensor": 2}
         pipeline = None

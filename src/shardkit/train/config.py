@@ -121,6 +121,8 @@ class TrainConfig:
     """pipeline backward: recompute (None) or stash the stage inputs."""
     sequence_parallel: bool = False
     """Megatron sequence parallelism: norms and residuals on sequence slices over tensor."""
+    collective_matmul: bool = False
+    """with --sequence-parallel: tensor-parallel matmuls as rings overlapping their transfers."""
     # optimisation
     steps: int = 300
     """training steps."""

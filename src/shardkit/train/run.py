@@ -127,7 +127,12 @@ def auto_plan(cfg: TrainConfig, model_cfg, devices):
         batch=cfg.batch,
         precision=cfg.precision,  # the planner reads the Trainer's names
     )
-    return Auto().plan(workload, devices=devices, sequence_parallel=cfg.sequence_parallel)
+    return Auto().plan(
+        workload,
+        devices=devices,
+        sequence_parallel=cfg.sequence_parallel,
+        collective_matmul=cfg.collective_matmul,
+    )
 
 
 def runnable_best(planned):
@@ -167,6 +172,7 @@ def build_trainer(cfg: TrainConfig, devices=None, *, planned=None):
         microbatches=cfg.microbatches,
         residuals=cfg.residuals,
         sequence_parallel=cfg.sequence_parallel,
+        collective_matmul=cfg.collective_matmul,
     )
     if isinstance(strategy, Auto):
         targets = list(jax.devices()[: cfg.devices] if devices is None else devices)
