@@ -259,7 +259,7 @@ def _promoted(module: Any) -> set[str]:
 def normalise(
     report: Report,
     *,
-    zero_axis: str | None = None,
+    zero_axis: str | tuple[str, ...] | None = None,
     promoted: set[str] = frozenset(),
     sliced: set[str] = frozenset(),
 ) -> tuple[dict[str, dict[str, float]], tuple[str, ...]]:
@@ -270,6 +270,7 @@ def normalise(
         zero_axis: the mesh axis gradients are split over (ZeRO), e.g. "fsdp"; an all-reduce
             over a group holding it, in the backward pass or named in `sliced`, counts as a
             reduce-scatter over it plus an all-reduce of the shard over the rest of the group.
+            A tuple names several such axes (the first in the all-reduce's group is used).
             None: no such rewrite.
         promoted: names of collectives that carry bf16 data in f32: all-reduces whose
             reduction XLA promoted from bf16, and collectives whose result every user casts
@@ -282,6 +283,7 @@ def normalise(
     """
     out: dict[str, dict[str, float]] = {}
     upcast = split = 0
+    zero_axes = (zero_axis,) if isinstance(zero_axis, str) else tuple(zero_axis or ())
 
     def add(kind: str, count: int, moved: float, raw: float) -> None:
         row = out.setdefault(kind, {"count": 0, "bytes": 0.0, "raw_bytes": 0.0})
@@ -299,8 +301,9 @@ def normalise(
         buf = c.buffer_bytes * scale
         axes = c.axes or ()
         gradient = "transpose(" in (c.op_name or "") or c.name in sliced
-        if c.kind == "all-reduce" and zero_axis in axes and gradient and c.group_size > 1:
-            z = report.mesh.get(zero_axis, 1)
+        over = next((a for a in zero_axes if a in axes), None)
+        if c.kind == "all-reduce" and over is not None and gradient and c.group_size > 1:
+            z = report.mesh.get(over, 1)
             rest = c.group_size // z
             add("reduce-scatter", count, count * bytes_moved("reduce-scatter", buf, z), 0.0)
             ar = count * bytes_moved("all-reduce", buf / z, rest)
@@ -316,7 +319,8 @@ def normalise(
         )
     if split:
         notes.append(
-            f"{split} gradient all-reduce(s) over '{zero_axis}' counted as the reduce-scatter a "
+            f"{split} gradient all-reduce(s) over {' or '.join(map(repr, zero_axes))} counted as "
+            "the reduce-scatter a "
             "GPU/TPU emits (XLA:CPU all-reduces, then slices)"
         )
     return out, tuple(notes)
@@ -326,7 +330,7 @@ def measure(
     fn: Any,
     *args: Any,
     mesh: Any,
-    zero_axis: str | None = None,
+    zero_axis: str | tuple[str, ...] | None = None,
     inspect_text: bool = True,
     branch_counts: Any = None,
 ) -> Measurement:
@@ -339,7 +343,8 @@ def measure(
         fn: a `jax.jit`-wrapped function (a plain function is jitted).
         *args: `jax.ShapeDtypeStruct`s (with `sharding=NamedSharding(mesh, P(...))`).
         mesh: a `jax.sharding.Mesh` of present devices, or an `AbstractMesh` of any size.
-        zero_axis: mesh axis gradients are split over, for the reduce-scatter normalisation.
+        zero_axis: mesh axis (or axes) gradients are split over, for the reduce-scatter
+            normalisation (see `normalise`).
         inspect_text: read the collectives (False: memory and FLOPs only, faster).
         branch_counts: executions per branch of data-dependent conditionals (e.g. a
             `lax.switch` over a table in a scan), keyed by instruction name or `op_name`
@@ -489,11 +494,11 @@ def measure_gpt(
         )
     abstract_batch = _abstract_batch(trainer, batch, model.seq_len)
     step = trainer.jit_step({k: v.sharding for k, v in abstract_batch.items()})
-    zero_axis = "fsdp" if axes.get("fsdp", 1) > 1 else None
-    if zero_axis is None and trainer.bound.sequence_parallel:
+    zero_axis = ("fsdp",) if axes.get("fsdp", 1) > 1 else ()
+    if trainer.bound.sequence_parallel:
         # sequence parallelism: the row-parallel reductions onto sequence slices and the
         # backward pass's input-gradient reductions are the reduce-scatters GPUs emit
-        zero_axis = "tensor"
+        zero_axis += ("tensor",)
     counts = _pipeline_branch_counts(trainer.pipeline, axes) if trainer.pipeline else None
     m = measure(
         step,
