@@ -287,12 +287,21 @@ def test_cross_node_overlap_reproduces_torchtitan_fsdp_scaling():
 
 def test_sequence_parallelism_trades_each_all_reduce_for_all_gather_and_reduce_scatter():
     w = preset("llama3-8b", batch=8)
-    plain = evaluate(w, "h100", tensor=8, remat="block")
-    sp = evaluate(w, "h100", tensor=8, remat="block", sequence_parallel=True)
+    plain = evaluate(w, "h100", tensor=8, remat="none")
+    sp = evaluate(w, "h100", tensor=8, remat="none", sequence_parallel=True)
     ag, rs = sp.collectives["all-gather"], sp.collectives["reduce-scatter"]
     assert ag == pytest.approx(rs) and ag > 0  # the same b x s x h activations, split by t
     assert plain.collectives["all-reduce"] - sp.collectives["all-reduce"] == pytest.approx(ag + rs)
     assert sum(sp.collectives.values()) == pytest.approx(sum(plain.collectives.values()))
+    # "block" remat reruns the forward's gathers before q/k/v and the MLP and its
+    # reduce-scatter after the attention output (plain TP: that one all-reduce), so the
+    # recomputation gathers one activation more per block than it reduces
+    plain = evaluate(w, "h100", tensor=8, remat="block")
+    sp = evaluate(w, "h100", tensor=8, remat="block", sequence_parallel=True)
+    ag, rs = sp.collectives["all-gather"], sp.collectives["reduce-scatter"]
+    one = 7 / 8 * 2 * 8 * w.seq * w.d_model  # the bf16 activation of the 8 sequences
+    assert ag - rs == pytest.approx(32 * one)
+    assert plain.collectives["all-reduce"] - sp.collectives["all-reduce"] == pytest.approx(2 * rs)
     # block inputs split 8 ways: the stash of 32 layers shrinks by 7/8
     stash = 32 * 2 * w.seq * w.d_model  # bf16 block inputs, one sequence per micro-batch
     assert plain.activation_bytes - sp.activation_bytes > 7 / 8 * stash

@@ -114,6 +114,8 @@ class Traffic:
         across: mesh axis -> the part of `times` spent between fast domains.
         per_micro: (seconds, of which across domains) of traffic repeated per micro-batch
             (ZeRO-3's gathers and reduce-scatters), which overlaps the whole step.
+        rings: seconds of "tensor" traffic sent as collective-matmul rings, which the
+            matmuls they feed may hide.
     """
 
     collectives: dict[str, float] = dataclasses.field(default_factory=dict)
@@ -124,6 +126,7 @@ class Traffic:
         default_factory=lambda: {"tensor": 0.0, "fsdp": 0.0, "data": 0.0, "stage": 0.0}
     )
     per_micro: tuple[float, float] = (0.0, 0.0)
+    rings: float = 0.0
 
     def add(self, kind, nbytes, count, axis, size, inner, hw: Hardware) -> None:
         """`count` collectives of `kind` on `nbytes` over mesh axis `axis` of `size` devices,
@@ -161,6 +164,8 @@ def layout_traffic(
     tp_count: int,
     sequence_parallel: bool,
     head_on_busiest: bool,
+    tp_rings: int = 0,
+    block_runs: int = 0,
 ) -> Traffic:
     """The collectives of one layout per device per step, with their times.
 
@@ -168,8 +173,10 @@ def layout_traffic(
     reduce-scatters its gradients; ZeRO-1 reduce-scatters gradients and gathers the updated
     weights once per step; "data" all-reduces the gradient shard once per step; Megatron
     tensor parallelism all-reduces `tp_count` b x s x h activations (an all-gather and a
-    reduce-scatter each under sequence parallelism); a pipeline sends an activation and a
-    gradient at every one of the executor's `steps`.
+    reduce-scatter each under sequence parallelism; with collective matmul `tp_rings` of them
+    are rings of tensor - 1 collective-permutes of a sequence slice, the same bytes; `block_runs`
+    blocks run per step, for the gathers "block" remat repeats);
+    a pipeline sends an activation and a gradient at every one of the executor's `steps`.
     """
     t = Traffic()
     m, b, c = microbatches, micro_batch, compute_bytes
@@ -195,8 +202,18 @@ def layout_traffic(
     add("all-reduce", weights_c / max(fsdp, 1), 1, "data", data, tensor * fsdp)
     sp = sequence_parallel
     if sp:  # all-gather before and reduce-scatter after each pair of tensor-parallel matmuls
-        add("all-gather", activation_bytes, tp_count, "tensor", tensor, 1)
-        add("reduce-scatter", activation_bytes, tp_count, "tensor", tensor, 1)
+        # "block" remat reruns the forward's gathers before q/k/v and the MLP, and its
+        # reduce-scatter after the attention output: one all-gather more than all-reduces
+        regather = block_runs if remat == "block" else 0
+        rings = (tp_rings + regather, tp_rings) if tp_rings else (0, 0)
+        add("all-gather", activation_bytes, tp_count + regather - rings[0], "tensor", tensor, 1)
+        add("reduce-scatter", activation_bytes, tp_count - rings[1], "tensor", tensor, 1)
+        before = t.times["tensor"]
+        steps = sum(rings) * (tensor - 1)  # each ring: one slice per step
+        # a ring longer than a fast domain waits at every step for its slowest (inter) link
+        slowest = 1 if tensor <= hw.domain else hw.domain
+        add("collective-permute", activation_bytes / tensor, steps, "tensor", tensor, slowest)
+        t.rings = t.times["tensor"] - before
     else:
         add("all-reduce", activation_bytes, tp_count, "tensor", tensor, 1)
     if transformer and head_on_busiest:  # vocab-parallel softmax: max, sum and the target

@@ -77,6 +77,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="tensor parallelism with Megatron sequence parallelism (as published runs used; "
         "shardkit train --sequence-parallel runs it)",
     )  # fmt: skip
+    parser.add_argument(
+        "--collective-matmul", action="store_true",
+        help="with --sequence-parallel: the blocks' tensor traffic as overlapped rings "
+        "(shardkit train --collective-matmul runs it)",
+    )  # fmt: skip
     parser.add_argument("--top", type=at_least(1), default=8, help="rows to show (default 8)")
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
     parser.add_argument("--verify", action="store_true", help="compile the top layouts and compare")
@@ -156,6 +161,7 @@ def run(args: argparse.Namespace) -> int:
         schedule=args.schedule,
         virtual=args.virtual,
         sequence_parallel=args.sequence_parallel,
+        collective_matmul=args.collective_matmul,
     )
     verification = result.verify(top=min(args.top, 3), quiet=True) if args.verify else None
     if args.json:  # one JSON document: the plan, and the verification when asked for

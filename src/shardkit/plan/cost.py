@@ -86,6 +86,8 @@ class Candidate:
         virtual: model chunks per device under the interleaved schedule (1 otherwise).
         sequence_parallel: predicted with Megatron-style sequence parallelism on "tensor"
             (`strategy()` runs it with `Hybrid(sequence_parallel=True)`; see `evaluate`).
+        collective_matmul: its blocks' tensor traffic predicted as overlapped rings
+            (`Hybrid(..., collective_matmul=True)`).
         bottleneck: the largest of compute, tensor all-reduces, pipeline bubble, pipeline
             sends and fsdp/data traffic (before overlap), in words.
     """
@@ -121,6 +123,7 @@ class Candidate:
     bottleneck: str
     virtual: int = 1
     sequence_parallel: bool = False
+    collective_matmul: bool = False
 
     # -- derived ----------------------------------------------------------------------------
     @property
@@ -157,6 +160,7 @@ class Candidate:
         if self.virtual > 1:
             text += f" (interleaved x{self.virtual})"
         text += " +SP" if self.sequence_parallel else ""
+        text += "+CM" if self.collective_matmul else ""
         return text + (" (ZeRO-1)" if self.fsdp > 1 and self.zero == 1 else "")
 
     def strategy(self):
@@ -190,6 +194,8 @@ class Candidate:
         zero = self.zero if self.fsdp > 1 else 3
         if self.stage == 1:
             sp = {"sequence_parallel": True} if self.sequence_parallel else {}
+            if self.collective_matmul:
+                sp["collective_matmul"] = True
             return Hybrid(data=self.data, fsdp=self.fsdp, tensor=self.tensor, zero=zero, **sp)
         return pipe.strategy(self)  # Hybrid(data, tensor, pipeline=Pipeline(...))
 
@@ -243,6 +249,7 @@ def evaluate(
     dot_bytes: int | None = None,
     act_bytes: int | None = None,
     sequence_parallel: bool = False,
+    collective_matmul: bool = False,
 ) -> Candidate:
     """Predicts memory, communication, compute and step time for one layout.
 
@@ -265,8 +272,12 @@ def evaluate(
         sequence_parallel: Megatron-style sequence parallelism with the tensor axis (Korthikanti
             et al.): the block and norm inputs, the loss's hidden state and the pipeline sends
             are split over "tensor" too, and each tensor all-reduce becomes an all-gather plus
-            a reduce-scatter (the same bytes). shardkit's own tensor parallelism does not
-            implement it: such a row predicts another system (`Candidate.strategy` refuses).
+            a reduce-scatter (the same bytes). shardkit runs it (`Hybrid(sequence_parallel=
+            True)`), not inside pipeline stages (`Candidate.strategy` refuses those rows).
+        collective_matmul: with sequence_parallel, the blocks' all-gathers and
+            reduce-scatters run as rings beside the matmuls they feed (`shardkit.overlap`):
+            the same bytes as collective-permutes, of which a share `Hardware.overlap` hides
+            behind (tensor - 1) / tensor of the blocks' matmul time.
 
     Raises:
         ValueError: when the batch is not divisible by data x fsdp x microbatches, or the
@@ -285,31 +296,28 @@ def evaluate(
     peak = hw.peak(prec.compute_dtype)
     w = workload
     sp = sequence_parallel and tensor > 1 and isinstance(w, Transformer)
+    cm = collective_matmul and sp and stage == 1
     n_stage, mem, work, block_c, gather_calls = _model_terms(
         w, hw, b=b, m=m, data=data, fsdp=fsdp, tensor=tensor, stage=stage, zero=zero,
         remat=remat, in_flight=pf.in_flight, sp=sp, dot_bytes=dot_bytes, act_bytes=act_bytes,
     )  # fmt: skip
     state = model_state_bytes(n_stage, zero=zero, shards=max(fsdp, 1), precision=prec,
                               optimizer=w.optimizer)  # fmt: skip
-    # fp32 weights (no master copy): each micro-batch's gradients exist next to the
-    # accumulator; with a master copy they accumulate in place into the main gradient buffer
-    grads = state.grads * (2 if m > 1 and prec.master == 0 else 1)
-    if m > 1 and prec.master == 0 and hw.accumulated_grad_bytes:
-        # both copies held as the weight-gradient dots produce them (XLA:CPU with bf16
-        # dots: bf16 under bf16 compute, `Hardware.accumulated_grad_bytes`)
-        grads *= max(c, hw.accumulated_grad_bytes) / prec.grads
-    gathered = mem.gathered
-    if prec.params != c:  # fp32 weights cast to the compute dtype
-        gathered += n_stage / (fsdp if zero == 3 else 1) * c
-
+    grads, gathered = _grads_and_gathered(state, mem, prec, hw, m=m, n_stage=n_stage,
+                                          shards=fsdp if zero == 3 else 1)  # fmt: skip
     traffic = comm.layout_traffic(
         w, hw, transformer=isinstance(w, Transformer), data=data, fsdp=fsdp, tensor=tensor,
         stage=stage, zero=zero, remat=remat, microbatches=m, micro_batch=b, steps=pf.steps,
         stage_params=n_stage, compute_bytes=c, weight_bytes=wb, block_bytes=block_c,
         gather_calls=gather_calls, activation_bytes=work.activation_bytes,
         tp_count=work.tp_count, sequence_parallel=sp, head_on_busiest=work.head_on_busiest,
+        tp_rings=work.tp_count - 2 * m if cm else 0,  # all but the head's and embedding's
+        block_runs=-(-w.layers // stage) * m if isinstance(w, Transformer) else 0,
     )  # fmt: skip
-    t = _step_time(work.flops / (peak * hw.mfu_ceiling), traffic, pf.bubble, m, state, hw)
+    compute = work.flops / (peak * hw.mfu_ceiling)
+    # the rings' transfers run beside the block matmuls' other (tensor - 1) / tensor
+    window = compute * work.block_matmul_share * (tensor - 1) / tensor if cm else 0.0
+    t = _step_time(compute, traffic, pf.bubble, m, state, hw, ring_window=window)
     devices = replicas * tensor * stage
     return Candidate(
         data=data, fsdp=fsdp, tensor=tensor, stage=stage, zero=zero, microbatches=m,
@@ -321,8 +329,24 @@ def evaluate(
         model_flops=work.model_flops, compute_time=t.compute, bubble_time=t.bubble,
         exposed_comm_time=t.exposed, update_time=t.update, step_time=t.step,
         mfu=work.model_flops / (t.step * devices * peak), hfu=work.flops / (t.step * peak),
-        bottleneck=t.bottleneck, virtual=v, sequence_parallel=sp,
+        bottleneck=t.bottleneck, virtual=v, sequence_parallel=sp, collective_matmul=cm,
     )  # fmt: skip
+
+
+def _grads_and_gathered(state, mem, prec, hw, *, m, n_stage, shards) -> tuple[float, float]:
+    """Gradient bytes held (accumulation copies included) and gathered or cast weights."""
+    c = prec.compute
+    # fp32 weights (no master copy): each micro-batch's gradients exist next to the
+    # accumulator; with a master copy they accumulate in place into the main gradient buffer
+    grads = state.grads * (2 if m > 1 and prec.master == 0 else 1)
+    if m > 1 and prec.master == 0 and hw.accumulated_grad_bytes:
+        # both copies held as the weight-gradient dots produce them (XLA:CPU with bf16
+        # dots: bf16 under bf16 compute, `Hardware.accumulated_grad_bytes`)
+        grads *= max(c, hw.accumulated_grad_bytes) / prec.grads
+    gathered = mem.gathered
+    if prec.params != c:  # fp32 weights cast to the compute dtype
+        gathered += n_stage / shards * c
+    return grads, gathered
 
 
 def _model_terms(w, hw, *, b, m, data, fsdp, tensor, stage, zero, remat, in_flight, sp,
@@ -417,6 +441,7 @@ class _Compute(NamedTuple):
     activation_bytes: float  # one b x s x h activation (tensor all-reduces, pipeline sends)
     tp_count: int  # tensor all-reduces per step on the busiest device
     head_on_busiest: bool  # whether the busiest device computes the loss head
+    block_matmul_share: float = 0.0  # share of `flops` in the blocks' weight matmuls
 
 
 def _transformer_compute(w, *, b, m, tensor, stage, remat, replicas, local_layers) -> _Compute:
@@ -452,6 +477,7 @@ def _transformer_compute(w, *, b, m, tensor, stage, remat, replicas, local_layer
         activation_bytes=c * w.seq * b * w.d_model,
         tp_count=tp_count,
         head_on_busiest=head_on_busiest,
+        block_matmul_share=tokens * local_layers * 6 * w.layer_matmul_params() / tensor / flops,
     )
 
 
@@ -465,11 +491,14 @@ class _Time(NamedTuple):
 
 
 def _step_time(compute: float, traffic: comm.Traffic, bubble_fraction: float, m: int,
-               state: Any, hw: Hardware) -> _Time:  # fmt: skip
-    """Step time: the pipeline's lockstep work stretched by its bubble, the data-parallel and
-    FSDP traffic compute cannot hide, and the optimizer update at HBM bandwidth."""
+               state: Any, hw: Hardware, ring_window: float = 0.0) -> _Time:  # fmt: skip
+    """Step time: the pipeline's lockstep work stretched by its bubble, the tensor traffic
+    its collective-matmul rings do not hide behind `ring_window` seconds of matmuls, the
+    data-parallel and FSDP traffic compute cannot hide, and the optimizer update at HBM
+    bandwidth."""
     times, across = traffic.times, traffic.across
-    core_work = compute + times["tensor"] + times["stage"]
+    hidden = min(hw.overlap * traffic.rings, ring_window)
+    core_work = compute + times["tensor"] - hidden + times["stage"]
     core = core_work / (1 - bubble_fraction)  # lockstep: x (m + p - 1) / m for GPipe and 1F1B
     bubble = core - core_work
     # ZeRO-3 traffic recurs per micro-batch and overlaps the whole step; the once-per-step
@@ -484,7 +513,7 @@ def _step_time(compute: float, traffic: comm.Traffic, bubble_fraction: float, m:
     update = 2 * (state.params + state.grads + state.optimizer) / hw.hbm_bw
     parts = {
         "compute": compute,
-        "tensor all-reduces": times["tensor"],
+        "tensor all-reduces": times["tensor"] - hidden,
         "pipeline bubble": bubble,
         "pipeline sends": times["stage"],
         "fsdp/data communication": times["fsdp"] + times["data"],  # before overlap

@@ -83,6 +83,7 @@ def plan(
     max_stage: int | None = None,
     zero: tuple[int, ...] = (3, 1),
     sequence_parallel: bool = False,
+    collective_matmul: bool = False,
 ) -> Plan:
     """Ranks every layout of `workload` on `devices` chips of `hardware` by step time.
 
@@ -105,6 +106,8 @@ def plan(
             parallelism (block inputs split over "tensor" too; see `evaluate`), to compare
             with published runs that used it; `strategy()` runs such rows with
             `Hybrid(sequence_parallel=True)` (not inside pipeline stages).
+        collective_matmul: with sequence_parallel, predict the blocks' tensor traffic as
+            overlapped collective-matmul rings (`Hybrid(collective_matmul=True)`).
 
     Returns:
         A `Plan`; `plan.best` is the fastest layout that fits.
@@ -135,7 +138,13 @@ def plan(
     best: dict[tuple, Candidate] = {}
     smallest: Candidate | None = None
     evaluated = 0
-    sched = (schedule, virtual, sequence_parallel)
+    if collective_matmul and not sequence_parallel:
+        raise ShardkitValueError(
+            "plan(collective_matmul=True) overlaps sequence parallelism's all-gathers and "
+            "reduce-scatters, and sequence_parallel is off; fix: plan(..., "
+            "sequence_parallel=True, collective_matmul=True) (--sequence-parallel)."
+        )
+    sched = (schedule, virtual, sequence_parallel, collective_matmul)
     for c in _variants(w, hw, layouts, policies, allowed, sched):
         evaluated += 1
         if smallest is None or c.peak_bytes < smallest.peak_bytes:
@@ -181,7 +190,8 @@ def _variants(w, hw, layouts, policies, allowed, sched):
                 for m in ms:
                     c = evaluate(w, hw, data=d, fsdp=f, tensor=t, stage=p, zero=z,
                                  microbatches=m, remat=policy, schedule=sched[0],
-                                 virtual=sched[1], sequence_parallel=sched[2])  # fmt: skip
+                                 virtual=sched[1], sequence_parallel=sched[2],
+                                 collective_matmul=sched[3])  # fmt: skip
                     yield c
                     if p == 1 and c.fits:
                         break

@@ -482,7 +482,8 @@ def _check(workload: Any, c: Any, backend: Any, abstract: bool | None):
     pred = evaluate(twin, backend, data=c.data, fsdp=c.fsdp, tensor=c.tensor,
                     stage=c.stage, zero=c.zero or 3, microbatches=c.microbatches,
                     remat=c.remat, schedule=c.schedule or "1f1b", virtual=c.virtual,
-                    dot_bytes=backend.dot_output_bytes)  # fmt: skip
+                    dot_bytes=backend.dot_output_bytes, sequence_parallel=c.sequence_parallel,
+                    collective_matmul=c.collective_matmul)  # fmt: skip
     precision = "float32" if get_precision(twin.precision).name == "fp32" else "bfloat16"
     m = measure_module.measure_gpt(cfg, c.strategy(), devices=c.devices, batch=twin.batch,
                                    grad_accum=c.microbatches if c.stage == 1 else 1,
