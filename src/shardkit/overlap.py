@@ -11,10 +11,13 @@ sent as P-1 collective-permutes; the backward pass, their transpose, is the mirr
 This is Megatron's and torchtitan's "async TP" (Wang et al., 2023, "Overlap communication
 with dependent computation via decomposition").
 
-Both act only inside `shardkit.placement.sequence_parallel(..., collective_matmul=True)`,
-which the Trainer enters for `TensorParallel(sequence_parallel=True, collective_matmul=True)`;
-elsewhere they are `jnp.einsum` with sequence parallelism's layouts, so a model calls them
-unconditionally.
+Inside `shardkit.placement.sequence_parallel(...)` without `collective_matmul` they are the
+plain all-gather (`lax.all_gather`) and reduce-scatter (`lax.psum_scatter`) in a `shard_map`
+on Auto axes: stating them fixes what the backward pass keeps (left to the compiler, under
+gradient accumulation's `vmap` it kept the sequence slices and gathered them again), and on
+Explicit axes `jnp.einsum` with sequence parallelism's layouts. Outside it they are
+`jnp.einsum`, so a model calls them unconditionally. The Trainer enters the context for
+`TensorParallel(sequence_parallel=True[, collective_matmul=True])` and the same `Hybrid`.
 
 Example:
     >>> q = all_gather_matmul("btd,dhk->bthk", h, wq, split=1)  # doctest: +SKIP
@@ -31,7 +34,7 @@ from jax import lax
 from jax.sharding import PartitionSpec as P
 
 from shardkit.errors import ShardkitValueError
-from shardkit.placement import constrain, gather_sequence, sequence_layout
+from shardkit.placement import constrain, gather_sequence, sequence_layout, sequence_out
 from shardkit.rings import ring_gather, ring_reduce_scatter
 
 __all__ = ["all_gather_matmul", "matmul_reduce_scatter"]
@@ -81,6 +84,15 @@ def _size(lay) -> int:
     return int(dict(lay.mesh.shape)[lay.axis])
 
 
+def _manual(lay) -> bool:
+    """Whether the matmul runs in `shard_map` with its collectives stated: under collective
+    matmul (the rings), and under plain sequence parallelism on Auto axes, where the
+    compiler would otherwise choose what the backward pass keeps (under gradient
+    accumulation's `vmap` it kept the sequence slices and gathered them again). On Explicit
+    axes the types fix the layouts already (and JAX cannot batch a `psum_scatter` there)."""
+    return lay is not None and (lay.collective_matmul or not lay.explicit)
+
+
 def all_gather_matmul(eq: str, x: jax.Array, w: jax.Array, *, split: int) -> jax.Array:
     """A column-parallel matmul `jnp.einsum(eq, x, w)` of the residual stream.
 
@@ -94,8 +106,9 @@ def all_gather_matmul(eq: str, x: jax.Array, w: jax.Array, *, split: int) -> jax
     Returns:
         The product with the whole sequence and `w`'s split dim split over the tensor axis.
         Inside `sequence_parallel(..., collective_matmul=True)` the sequence slices travel
-        around a ring while each one already here is multiplied; elsewhere it is
-        `jnp.einsum(eq, gather_sequence(x), w)`.
+        around a ring while each one already here is multiplied; under plain sequence
+        parallelism the sequence is all-gathered first; elsewhere it is `jnp.einsum(eq, x, w)`
+        (with `gather_sequence(x)` on Explicit axes).
 
     Raises:
         ValueError: `eq` does not match the operands, or `w`'s split dim is not in the output.
@@ -107,7 +120,7 @@ def all_gather_matmul(eq: str, x: jax.Array, w: jax.Array, *, split: int) -> jax
             "fix: split w on an output dim, or use matmul_reduce_scatter for a row-parallel one."
         )
     lay = sequence_layout(x)
-    if lay is None or not lay.collective_matmul or w.shape[split] % _size(lay):
+    if not _manual(lay) or w.shape[split] % _size(lay):
         return jnp.einsum(eq, gather_sequence(x), w)
     p, t_out, lead = _size(lay), out.index(xs[1]), lay.spec[0]
     x_spec = _spec(xs, {xs[0]: lead, xs[1]: lay.axis})
@@ -115,6 +128,8 @@ def all_gather_matmul(eq: str, x: jax.Array, w: jax.Array, *, split: int) -> jax
     out_spec = _spec(out, {xs[0]: lead, ws[split]: lay.axis})
 
     def body(x, w):  # x: this device's sequence slice
+        if not lay.collective_matmul:
+            return jnp.einsum(eq, lax.all_gather(x, lay.axis, axis=1, tiled=True), w)
         part = jax.eval_shape(lambda a, b: jnp.einsum(eq, a, b), x, w)
         whole = list(part.shape)
         whole[t_out] *= p
@@ -139,13 +154,16 @@ def matmul_reduce_scatter(
             tensor axis.
         w: the weight, split over the tensor axis on dim `split` (contracted).
         split: that dim of `w`.
-        out_sharding: passed to `jnp.einsum` when the matmul is not a ring (the layout an
-            Explicit mesh asks for the reduced sums).
+        out_sharding: passed to `jnp.einsum` when the matmul runs as one (the layout an
+            Explicit mesh asks for the reduced sums; under sequence parallelism it defaults
+            to sequence slices).
 
     Returns:
-        The summed product. Inside `sequence_parallel(..., collective_matmul=True)` it is
-        split over the sequence: partial sums travel around a ring and each device adds its
-        part to the slice passing by; elsewhere it is `jnp.einsum(eq, u, w, out_sharding=...)`.
+        The summed product, split over the sequence under sequence parallelism: inside
+        `sequence_parallel(..., collective_matmul=True)` partial sums travel around a ring
+        and each device adds its part to the slice passing by; under plain sequence
+        parallelism they are reduce-scattered after the product; elsewhere (and on Explicit
+        axes) it is `jnp.einsum(eq, u, w, out_sharding=...)`.
 
     Raises:
         ValueError: `eq` does not match the operands, or `w`'s split dim is not contracted.
@@ -157,8 +175,10 @@ def matmul_reduce_scatter(
             "with one of u's; fix: split w on a contracted dim, or use all_gather_matmul."
         )
     lay = sequence_layout(u)
-    p = 0 if lay is None else _size(lay)
-    if lay is None or not lay.collective_matmul or w.shape[split] % p or u.shape[1] % p:
+    p = _size(lay) if _manual(lay) else 0
+    if not p or w.shape[split] % p or u.shape[1] % p:
+        if out_sharding is None and lay is not None and out[:2] == us[:2]:
+            out_sharding = sequence_out(u, len(out))  # Explicit axes: onto sequence slices
         return jnp.einsum(eq, u, w, out_sharding=out_sharding)
     lead = lay.spec[0]
     u_spec = _spec(us, {us[0]: lead, ws[split]: lay.axis})
@@ -166,6 +186,11 @@ def matmul_reduce_scatter(
     out_spec = _spec(out, {us[0]: lead, us[1]: lay.axis})
 
     def body(u, w):  # u: this device's share of the contracted dim, whole sequence
+        if not lay.collective_matmul:
+            t_out = out.index(us[1])
+            part = jnp.einsum(eq, u, w)
+            return lax.psum_scatter(part, lay.axis, scatter_dimension=t_out, tiled=True)
+
         def contrib(start, length):  # this device's part of sequence slice start..+length
             return jnp.einsum(eq, lax.dynamic_slice_in_dim(u, start, length, 1), w)
 

@@ -62,6 +62,9 @@ def _mesh_axes(mesh: Any) -> tuple[tuple[str, ...], tuple[int, ...]]:
     return names, tuple(int(shape[n]) for n in names)
 
 
+_LAYOUT_ONLY = ("copy", "bitcast", "transpose")  # ops that move a cast's values unchanged
+
+
 def _upcast_source(module: hlo.HloModule, instr: hlo.Instruction) -> str | None:
     """The narrow dtype an operand was converted from just before the collective, if any."""
     for name in instr.operands:
@@ -75,6 +78,8 @@ def _upcast_source(module: hlo.HloModule, instr: hlo.Instruction) -> str | None:
             callee = op.attr("calls")
             body = module.computations.get(callee.lstrip("%")) if callee else None
             root = next((i for i in reversed(body or []) if i.is_root), None)
+            while root is not None and root.opcode in _LAYOUT_ONLY and root.operands:
+                root = module.symbol(root.computation, root.operands[0])  # a copy of the cast
             if root is not None and root.opcode == "convert" and root.operands:
                 src = module.symbol(root.computation, root.operands[0])
         if src is not None and src.arrays:

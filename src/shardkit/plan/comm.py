@@ -205,9 +205,17 @@ def layout_traffic(
         # "block" remat reruns the forward's gathers before q/k/v and the MLP, and its
         # reduce-scatter after the attention output: one all-gather more than all-reduces
         regather = block_runs if remat == "block" else 0
+        # the vocab-parallel embedding's partial rows are only reduce-scattered, or its table
+        # gathered whole when that is fewer bytes (XLA's choice for a small vocabulary)
+        lookups = microbatches if stage == 1 and transformer else 0
+        table = w.vocab * w.d_model * c if lookups else 0.0
         rings = (tp_rings + regather, tp_rings) if tp_rings else (0, 0)
-        add("all-gather", activation_bytes, tp_count + regather - rings[0], "tensor", tensor, 1)
-        add("reduce-scatter", activation_bytes, tp_count - rings[1], "tensor", tensor, 1)
+        gathers = tp_count + regather - lookups - rings[0]
+        scatters = tp_count - rings[1] - (lookups if table < activation_bytes else 0)
+        add("all-gather", activation_bytes, gathers, "tensor", tensor, 1)
+        add("reduce-scatter", activation_bytes, scatters, "tensor", tensor, 1)
+        if table < activation_bytes:
+            add("all-gather", table, lookups, "tensor", tensor, 1)
         before = t.times["tensor"]
         steps = sum(rings) * (tensor - 1)  # each ring: one slice per step
         # a ring longer than a fast domain waits at every step for its slowest (inter) link

@@ -406,8 +406,9 @@ class Hybrid(_Base):
             "tensor", so each row-parallel all-reduce becomes a reduce-scatter and an
             all-gather before the next column-parallel matmul (same bytes, 1/tensor of the
             activations per device). Models mark the stream with
-            `shardkit.placement.split_sequence` / `gather_sequence` (`shardkit.models.GPT`
-            does). Not combined with a pipeline.
+            `shardkit.placement.split_sequence` and write their tensor-parallel matmuls
+            with `shardkit.overlap` (`shardkit.models.GPT` does). Not combined with a
+            pipeline.
         collective_matmul: with sequence_parallel, run the tensor-parallel matmuls as rings
             over "tensor" whose transfers overlap their products (`shardkit.overlap`:
             all-gather-matmul before the column-parallel matmuls, matmul-reduce-scatter after

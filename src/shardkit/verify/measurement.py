@@ -247,11 +247,12 @@ def _sliced_after(module: Any) -> set[str]:
 
 
 def _promoted(module: Any) -> set[str]:
-    """Names of all-reduces whose reduction XLA promoted from a narrow type (`*_promoted`)."""
+    """Names of all-reduces and reduce-scatters whose reduction XLA promoted from a narrow
+    type (`*_promoted`)."""
     names = set()
     for ins in module.collectives():
         apply = ins.attr("to_apply") or ""
-        if ins.kind == "all-reduce" and apply.endswith("_promoted"):
+        if ins.kind in ("all-reduce", "reduce-scatter") and apply.endswith("_promoted"):
             names.add(ins.name)
     return names
 
