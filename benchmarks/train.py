@@ -17,8 +17,10 @@
    float32 here, so XLA:CPU's upcast of bf16 collectives to f32 does not inflate the figures;
    with --precision bfloat16 gradients are still reduced in float32 (fp32 master weights).
 
-3. Gradient accumulation and sequence parallelism: bytes per device per step at 1 and 4
-   micro-batches, for DP, ZeRO-1, ZeRO-3, TP and TP + SP, against each lower bound.
+3. Gradient accumulation, sequence parallelism and collective matmul: bytes per device per
+   step at 1 and 4 micro-batches, for DP, ZeRO-1, ZeRO-3, TP, TP + SP, TP + SP + overlapped
+   matmuls and the same on data x tensor, against `shardkit.verify.bounds.traffic_lower_bound`;
+   and the step times of TP, TP + SP and TP + SP + overlap side by side.
 
 Run: python benchmarks/train.py [--rounds 7]
 """
@@ -43,21 +45,21 @@ from shardkit.strategies import FSDP, DataParallel, Hybrid, TensorParallel
 from shardkit.train import ReverseTask, Trainer
 from shardkit.train.trainer import TrainState
 from shardkit.verify import measure_gpt
+from shardkit.verify.bounds import traffic_lower_bound
 
 TASK = ReverseTask(digits=15, length=16)
 CFG = GPTConfig(vocab=TASK.vocab, d_model=128, n_layers=2, n_heads=8, seq_len=TASK.seq_len)
 BATCH = 32
 
 
-def make(strategy):
-    return Trainer(
-        lambda k: GPT(CFG, rngs=nnx.Rngs(k)), optax.adam(1e-3), lm_loss, strategy=strategy
-    )
+def make(strategy, grad_accum=1):
+    return Trainer(lambda k: GPT(CFG, rngs=nnx.Rngs(k)), optax.adam(1e-3), lm_loss,
+                   strategy=strategy, grad_accum=grad_accum)  # fmt: skip
 
 
 def hand_written_step(trainer):
     """The same step written directly with jax.jit, nnx and optax (no shardkit in the loop)."""
-    graphdef = trainer._graphdef  # the model's static structure
+    graphdef = trainer.graphdef  # the model's static structure (NNX)
     mesh = trainer.mesh
     gather = jax.tree.map(
         lambda s: NamedSharding(mesh, s), trainer.compute_specs, is_leaf=lambda x: isinstance(x, P)
@@ -83,7 +85,8 @@ def hand_written_step(trainer):
         params = jax.lax.with_sharding_constraint(
             optax.apply_updates(state.params, updates), param_sh
         )
-        return TrainState(state.step + 1, params, opt_state), {"loss": l, **aux}
+        new = TrainState(state.step + 1, params, opt_state, state.model_state)
+        return new, {"loss": l, **aux}
 
     return jax.jit(
         step,
@@ -157,32 +160,56 @@ def communication() -> None:
         )
 
 
-def accumulation_and_sequence() -> None:
-    """Bytes per device per step at 1 and 4 micro-batches, with sequence parallelism, after
+def accumulation_and_sequence(rounds: int) -> None:
+    """Bytes per device per step at 1 and 4 micro-batches against `traffic_lower_bound`, after
     CPU normalisation (`measure_gpt`: an all-reduce XLA:CPU reads through a slice, or runs in
     the backward pass over the ZeRO or, under sequence parallelism, the tensor axis, counts as
-    the reduce-scatter GPUs emit), float32, against the lower bound of each."""
-    n, ring = 8, 7 / 8
-    p_bytes = 4 * CFG.n_params()
-    act = BATCH * CFG.seq_len * CFG.d_model * 4  # the whole batch's stream, float32
+    the reduce-scatter GPUs emit), float32; then the step times of TP, TP + SP and TP + SP +
+    collective matmul side by side (interleaved rounds, the median; XLA:CPU runs collectives
+    synchronously, so the overlap cannot pay here: the column shows its cost on CPU)."""
+    n = 8
+    sp = {"sequence_parallel": True}
+    cm = {"sequence_parallel": True, "collective_matmul": True}
     cases = [
-        ("DataParallel", DataParallel(), lambda m: 2 * ring * p_bytes),
-        ("FSDP ZeRO-1", FSDP(zero=1), lambda m: 2 * ring * p_bytes),
-        # ZeRO-3 gathers and reduce-scatters per micro-batch (its memory is why)
-        ("FSDP ZeRO-3", FSDP(), lambda m: m * 2 * ring * p_bytes),
-        ("TensorParallel", TensorParallel(), lambda m: 2 * ring * act * (4 * CFG.n_layers + 2)),
-        ("TP + SP", TensorParallel(sequence_parallel=True),
-         lambda m: 2 * ring * act * (4 * CFG.n_layers + 2)),
-    ]  # fmt: skip
+        ("DataParallel", DataParallel()),
+        ("FSDP ZeRO-1", FSDP(zero=1)),
+        ("FSDP ZeRO-3", FSDP()),  # gathers and reduce-scatters per micro-batch (memory)
+        ("TP", TensorParallel()),
+        ("TP + SP", TensorParallel(**sp)),
+        ("TP + SP + overlap", TensorParallel(**cm)),
+        ("data2 x TP4", Hybrid(data=2, tensor=4)),
+        ("data2 x TP4 + SP", Hybrid(data=2, tensor=4, **sp)),
+        ("data2 x TP4 + SP + ov", Hybrid(data=2, tensor=4, **cm)),
+    ]
     print(f"\n== bytes per device per step vs lower bound, {n} devices, float32, CPU-normalised")
-    print(f"{'strategy':<16}{'micro-batches':>14}{'compiled':>14}{'lower bound':>14}{'ratio':>8}")
-    for label, strategy, bound in cases:
+    print(f"{'strategy':<22}{'micro-batches':>14}{'compiled':>14}{'lower bound':>14}{'ratio':>8}")
+    for label, strategy in cases:
         for m in (1, 4):
             got = measure_gpt(CFG, strategy, devices=n, batch=BATCH, grad_accum=m,
                               precision="float32")  # fmt: skip
             total = sum(v["bytes"] for v in got.collectives.values())
-            print(f"{label:<16}{m:>14}{total / 2**10:>11,.0f} KiB{bound(m) / 2**10:>11,.0f} KiB"
-                  f"{total / bound(m):>8.2f}")  # fmt: skip
+            bound = traffic_lower_bound(CFG, strategy, devices=n, batch=BATCH, grad_accum=m)
+            least = bound["total"]
+            print(f"{label:<22}{m:>14}{total / 2**10:>11,.0f} KiB"
+                  f"{least / 2**10:>11,.0f} KiB{total / least:>8.2f}")  # fmt: skip
+    timed = {(label, m): make(s, m) for label, s in cases[3:6] for m in (1, 4)}
+    states, times = {}, {key: [] for key in timed}
+    batch = {m: TASK.batch(0, batch_size=BATCH) for m in (1, 4)}
+    for key, trainer in timed.items():
+        states[key], _ = trainer.step(trainer.init(0), trainer.place_batch(batch[key[1]]))
+    for _ in range(rounds):
+        for key, trainer in timed.items():
+            placed = trainer.place_batch(batch[key[1]])
+            t0 = time.perf_counter()
+            for _ in range(5):
+                states[key], metrics = trainer.step(states[key], placed)
+            jax.block_until_ready(metrics)
+            times[key].append((time.perf_counter() - t0) / 5)
+    print(f"\n== step time, median of {rounds} interleaved rounds of 5 steps (CPU), vs TP")
+    print(f"{'strategy':<22}{'micro-batches':>14}{'step':>12}{'ratio':>8}")
+    for (label, m), ts in times.items():
+        t, base = statistics.median(ts), statistics.median(times[("TP", m)])
+        print(f"{label:<22}{m:>14}{t * 1e3:>9.2f} ms{t / base:>8.2f}")
 
 
 def main() -> None:
@@ -193,7 +220,7 @@ def main() -> None:
     print(f"jax {jax.__version__}, {jax.device_count()} devices ({jax.default_backend()})")
     overhead(args.rounds)
     communication()
-    accumulation_and_sequence()
+    accumulation_and_sequence(args.rounds)
 
 
 if __name__ == "__main__":
