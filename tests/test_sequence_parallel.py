@@ -11,6 +11,7 @@ from reference import assert_equal_to, single_device
 
 from shardkit.inspection import inspect
 from shardkit.models import GPT, GPTConfig, lm_loss
+from shardkit.plan import Transformer, evaluate
 from shardkit.strategies import Hybrid, Pipeline, TensorParallel
 from shardkit.strategies.parse import from_name
 from shardkit.train import ReverseTask, Trainer
@@ -112,6 +113,9 @@ def test_collective_matmul_runs_the_tensor_traffic_as_rings():
     assert kinds["collective-permute"]["count"] == 2 * 4 * 2 * 7
     expected = trainer.strategy.expected_collectives(trainer.mesh)
     assert frozenset({"collective-permute"}) in expected.required
+    # the planner predicts the run with the same settings (`shardkit train`'s step audit)
+    w = Transformer.from_gpt_config(CFG, batch=BATCH)
+    assert evaluate(w, "cpu", **trainer.bound.layout()).layout == "tensor=8 +SP+CM"
 
 
 def test_collective_matmul_without_sequence_parallelism_says_how_to_fix():

@@ -183,4 +183,7 @@ class BoundStrategy:
         if self.pipeline is not None:
             out["microbatches"] = self.pipeline.microbatches
             out["schedule"] = self.pipeline.schedule.name
+        if self.sequence_parallel:
+            out["sequence_parallel"] = True
+            out["collective_matmul"] = bool(getattr(self.strategy, "collective_matmul", False))
         return out
