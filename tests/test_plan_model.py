@@ -426,3 +426,25 @@ def test_docstring_examples_run_as_written():
         )
         result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
         assert result.attempted > 0 and result.failed == 0, (name, result)
+
+
+def test_collective_matmul_hides_ring_traffic_behind_the_blocks_matmuls():
+    w = preset("llama3-8b", batch=8)
+    sp = evaluate(w, "h100", tensor=8, remat="none", sequence_parallel=True)
+    cm = evaluate(w, "h100", tensor=8, remat="none", sequence_parallel=True,
+                  collective_matmul=True)  # fmt: skip
+    # the same bytes; the blocks' gathers and reduce-scatters become ring permutes
+    assert sum(cm.collectives.values()) == pytest.approx(sum(sp.collectives.values()))
+    assert cm.collectives["collective-permute"] > 0.9 * (
+        sp.collectives["all-gather"] + sp.collectives["reduce-scatter"]
+    )
+    hw = get_hardware("h100")
+    assert 0 < cm.ring_hidden_time <= hw.overlap * cm.comm_time["tensor"]
+    assert cm.step_time == pytest.approx(sp.step_time - cm.ring_hidden_time, rel=0.02)
+    assert cm.layout == "tensor=8 +SP+CM" and cm.strategy().collective_matmul
+    # a ring across two nodes waits on the inter-node link at every step
+    wide = evaluate(w, "h100", tensor=16, fsdp=1, data=1, remat="none", sequence_parallel=True,
+                    collective_matmul=True)  # fmt: skip
+    assert wide.comm_time["tensor"] > 2 * cm.comm_time["tensor"]
+    with pytest.raises(ValueError, match="sequence_parallel=True, collective_matmul=True"):
+        plan(w, devices=8, hardware="h100", collective_matmul=True)

@@ -211,10 +211,11 @@ def layout_traffic(
         table = w.vocab * w.d_model * c if lookups else 0.0
         rings = (tp_rings + regather, tp_rings) if tp_rings else (0, 0)
         gathers = tp_count + regather - lookups - rings[0]
-        scatters = tp_count - rings[1] - (lookups if table < activation_bytes else 0)
+        small_table = bool(lookups) and table < activation_bytes
+        scatters = tp_count - rings[1] - (lookups if small_table else 0)
         add("all-gather", activation_bytes, gathers, "tensor", tensor, 1)
         add("reduce-scatter", activation_bytes, scatters, "tensor", tensor, 1)
-        if table < activation_bytes:
+        if small_table:
             add("all-gather", table, lookups, "tensor", tensor, 1)
         before = t.times["tensor"]
         steps = sum(rings) * (tensor - 1)  # each ring: one slice per step

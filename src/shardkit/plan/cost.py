@@ -88,6 +88,8 @@ class Candidate:
             (`strategy()` runs it with `Hybrid(sequence_parallel=True)`; see `evaluate`).
         collective_matmul: its blocks' tensor traffic predicted as overlapped rings
             (`Hybrid(..., collective_matmul=True)`).
+        ring_hidden_time: seconds of those rings' traffic (in `comm_time["tensor"]`) hidden
+            behind the matmuls they feed.
         bottleneck: the largest of compute, tensor all-reduces, pipeline bubble, pipeline
             sends and fsdp/data traffic (before overlap), in words.
     """
@@ -124,6 +126,7 @@ class Candidate:
     virtual: int = 1
     sequence_parallel: bool = False
     collective_matmul: bool = False
+    ring_hidden_time: float = 0.0
 
     # -- derived ----------------------------------------------------------------------------
     @property
@@ -330,6 +333,7 @@ def evaluate(
         exposed_comm_time=t.exposed, update_time=t.update, step_time=t.step,
         mfu=work.model_flops / (t.step * devices * peak), hfu=work.flops / (t.step * peak),
         bottleneck=t.bottleneck, virtual=v, sequence_parallel=sp, collective_matmul=cm,
+        ring_hidden_time=t.hidden,
     )  # fmt: skip
 
 
@@ -488,6 +492,7 @@ class _Time(NamedTuple):
     update: float
     step: float
     bottleneck: str
+    hidden: float = 0.0
 
 
 def _step_time(compute: float, traffic: comm.Traffic, bubble_fraction: float, m: int,
@@ -519,7 +524,7 @@ def _step_time(compute: float, traffic: comm.Traffic, bubble_fraction: float, m:
         "fsdp/data communication": times["fsdp"] + times["data"],  # before overlap
     }
     return _Time(compute, bubble, exposed, update, core + exposed + update,
-                 max(parts, key=parts.get))  # fmt: skip
+                 max(parts, key=parts.get), hidden)  # fmt: skip
 
 
 def _exposed(total: float, across: float, window: float, hw: Hardware) -> float:

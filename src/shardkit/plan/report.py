@@ -83,7 +83,9 @@ def why(plan) -> str:
     )
     split = [f"compute {_time(c.compute_time)}"]
     for axis, t in c.comm_time.items():
-        split.append(f"{axis} collectives {_time(t)}")
+        hidden = c.ring_hidden_time if axis == "tensor" else 0.0
+        note = f" ({_time(hidden)} hidden by collective matmul)" if hidden else ""
+        split.append(f"{axis} collectives {_time(t)}{note}")
     if c.bubble_time:
         split.append(f"pipeline bubble {_time(c.bubble_time)}")
     parts.append(
