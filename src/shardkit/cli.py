@@ -319,8 +319,11 @@ def _one_line(e: BaseException) -> str:
 
 def _quiet_background_errors() -> None:
     """Without --debug, errors in background threads (orbax's asynchronous saves) are not
-    printed as they happen: the save's error reaches the command, which prints it once."""
+    printed as they happen: the save's error reaches the command, which prints it once. That
+    includes the asyncio loop of a failed save, which logs its other failed writes when it
+    shuts down."""
     logging.getLogger("absl").setLevel(logging.CRITICAL)
+    logging.getLogger("asyncio").setLevel(logging.CRITICAL)
     threading.excepthook = lambda args: None
     sys.unraisablehook = lambda args: None
 
