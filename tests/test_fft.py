@@ -347,6 +347,17 @@ def _x(mesh_name="2x4", shape=(16, 16, 16), dtype=np.complex64, spec=None):
     return _put(_data(shape, dtype), mesh, default_spec if spec is None else spec)
 
 
+@pytest.mark.parametrize("fn", ["pfft3d", "prfft3d", "spectral_layout"])
+def test_error_spec_naming_an_axis_the_mesh_lacks(fn):
+    # inside jit on Auto axes the spec is taken as given: a name the mesh lacks was a KeyError
+    mesh, spec, _ = _mesh("2x4", AxisType.Auto)
+    x = _put(_data((16, 16, 16), np.float32 if fn == "prfft3d" else np.complex64), mesh, spec)
+    call = lambda a: getattr(skfft, fn)(a, spec=P("x", "z"), mesh=mesh)
+    with pytest.raises(ValueError, match=r"mesh axis 'z', which the mesh has not.*'x' \(size 2\), "
+                                         r"'y' \(size 4\).*fix"):  # fmt: skip
+        jax.jit(call)(x)
+
+
 def test_error_rank():
     with pytest.raises(ValueError, match=r"rank 2 .*needs at least 3 dims.*fix"):
         skfft.pfft3d(_x("8", (16, 16), spec=P("x")))

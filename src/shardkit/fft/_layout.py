@@ -140,7 +140,17 @@ def resolve(x: Any, spec: P | None, mesh: Any, fname: str) -> tuple[Any, tuple[E
             f"{fname}: spec {spec} has {len(spec)} entries but x has rank {ndim} "
             f"(shape {tuple(x.shape)}); fix: one PartitionSpec entry per dim at most."
         )
-    return mesh, normalize(spec, ndim)
+    entries = normalize(spec, ndim)
+    sizes = dict(mesh.shape)
+    unknown = [n for e in entries for n in entry_names(e) if n not in sizes]
+    if unknown:
+        axes = ", ".join(f"{a!r} (size {n})" for a, n in sizes.items())
+        raise ShardkitValueError(
+            f"{fname}: spec {spec} names mesh axis {unknown[0]!r}, which the mesh has not "
+            f"(its axes: {axes}); fix: name axes of that mesh, or pass mesh= the mesh x is "
+            "laid out on."
+        )
+    return mesh, entries
 
 
 def check_rank(x: Any, k: int, fname: str) -> None:
