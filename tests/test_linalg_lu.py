@@ -242,3 +242,23 @@ def test_bad_inputs_raise_clear_errors():
         sl.solve(np.asarray(a), b)
     with pytest.raises(ValueError, match="axis_names: mesh axis 'z' is not in the mesh"):
         sl.solve(a, b, mesh=mesh, axis_names="z")
+
+
+@pytest.mark.parametrize("n", [1, 3, 5, 16, 31])
+def test_small_matrices_work_with_the_default_block_size(n):
+    # the default panel width (32) is capped at N: any N works without choosing one
+    mesh = make_mesh("1d", AxisType.Explicit)
+    rng = np.random.default_rng(n)
+    a = rng.normal(size=(n, n)).astype(np.float32) + n * np.eye(n, dtype=np.float32)
+    b = rng.normal(size=n).astype(np.float32)
+    x = sl.solve(jnp.asarray(a), jnp.asarray(b), mesh=mesh)
+    check_vs_reference(a, b, x, jnp.float32)
+    sign, logdet = np.linalg.slogdet(a.astype(np.float64))
+    got_sign, got_logdet = sl.slogdet(jnp.asarray(a), mesh=mesh)
+    assert float(got_sign) == sign and float(got_logdet) == pytest.approx(logdet, rel=1e-5)
+    upper = np.triu(a)
+    t = sl.triangular_solve(jnp.asarray(upper), jnp.asarray(b), lower=False, mesh=mesh)
+    check_vs_reference(upper, b, t, jnp.float32)
+    spd = a @ a.T + n * np.eye(n, dtype=np.float32)
+    c = sl.cho_solve(sl.cholesky(jnp.asarray(spd), mesh=mesh), jnp.asarray(b))
+    check_vs_reference(spd, b, c, jnp.float32)

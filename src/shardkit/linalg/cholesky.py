@@ -34,8 +34,7 @@ from jax.sharding import PartitionSpec as P
 from shardkit.errors import ShardkitError
 from shardkit.linalg import layout
 from shardkit.linalg.layout import (
-    DEFAULT_BLOCK_SIZE,
-    check_block_size,
+    block_size_for,
     check_matrix,
     n_chunks,
     n_devices,
@@ -169,7 +168,7 @@ def _raise_if_not_spd(info, n: int) -> None:
 def cholesky(
     a: jax.Array,
     *,
-    block_size: int = DEFAULT_BLOCK_SIZE,
+    block_size: int | None = None,
     mesh: Mesh | None = None,
     axis_names: str | Sequence[str] | None = None,
     check: bool = True,
@@ -179,7 +178,7 @@ def cholesky(
     Args:
         a: (N, N) SPD float32 or float64 matrix, any sharding, any N (padded internally).
             Only the lower triangle is read.
-        block_size: panel width nb (default 32).
+        block_size: panel width nb (default None: 32, or N when N < 32).
         mesh: the device mesh (default: ``a.sharding.mesh`` or ``jax.set_mesh``).
         axis_names: mesh axes to distribute the columns over (default: all, flattened).
         check: raise when A is not positive definite (outside ``jit`` only; inside, read
@@ -200,7 +199,7 @@ def cholesky(
     See also: :func:`cho_solve`, :func:`shardkit.linalg.lu`, :func:`shardkit.linalg.cg`.
     """
     check_matrix(a, "a")
-    check_block_size(block_size, a.shape[0])
+    block_size = block_size_for(block_size, a.shape[0])
     mesh, axes = layout.resolve_mesh(a, mesh, axis_names, arg="a")
     l, info = _cholesky_jit(a, mesh, axes, block_size)
     if check:

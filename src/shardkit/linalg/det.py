@@ -26,7 +26,7 @@ from jax import lax
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
-from shardkit.linalg.layout import DEFAULT_BLOCK_SIZE, global_index, n_devices
+from shardkit.linalg.layout import global_index, n_devices
 from shardkit.linalg.lu import LUFactors, lu
 
 __all__ = ["SlogdetResult", "det", "slogdet"]
@@ -84,7 +84,7 @@ def _slogdet_jit(packed, pivots, mesh, axes, nb, grid):
 def slogdet(
     a: jax.Array | LUFactors,
     *,
-    block_size: int = DEFAULT_BLOCK_SIZE,
+    block_size: int | None = None,
     mesh: Mesh | None = None,
     axis_names: str | Sequence[str] | None = None,
     grid: tuple[str, str] | None = None,
@@ -117,7 +117,7 @@ def slogdet(
 def det(
     a: jax.Array | LUFactors,
     *,
-    block_size: int = DEFAULT_BLOCK_SIZE,
+    block_size: int | None = None,
     mesh: Mesh | None = None,
     axis_names: str | Sequence[str] | None = None,
 ) -> jax.Array:

@@ -321,6 +321,15 @@ def check_matrix(a, arg: str) -> None:
         )
 
 
+def block_size_for(nb: int | None, n: int) -> int:
+    """The panel width for an N x N matrix: `nb` checked, or when None the default
+    (`DEFAULT_BLOCK_SIZE`) capped at N, so any N works without choosing one."""
+    if nb is None:
+        return max(1, min(DEFAULT_BLOCK_SIZE, n))
+    check_block_size(nb, n)
+    return nb
+
+
 def check_block_size(nb: int, n: int) -> None:
     if not isinstance(nb, int) or nb < 1:
         raise ShardkitValueError(

@@ -50,8 +50,7 @@ from shardkit.errors import ShardkitError
 from shardkit.linalg import layout
 from shardkit.linalg.grid import lu_grid_jit
 from shardkit.linalg.layout import (
-    DEFAULT_BLOCK_SIZE,
-    check_block_size,
+    block_size_for,
     check_matrix,
     n_chunks,
     n_devices,
@@ -230,7 +229,7 @@ def _lu_jit(a, mesh, axes, nb):
 def lu(
     a: jax.Array,
     *,
-    block_size: int = DEFAULT_BLOCK_SIZE,
+    block_size: int | None = None,
     mesh: Mesh | None = None,
     axis_names: str | Sequence[str] | None = None,
     grid: tuple[str, str] | None = None,
@@ -245,7 +244,8 @@ def lu(
         a: (N, N) float32 or float64 matrix, any sharding (row-sharded ``P(axes, None)`` enters
             the layout with one all-to-all). N need not be a multiple of anything: the matrix is
             padded with an identity block to a multiple of ``block_size * P``.
-        block_size: panel width nb (default 32). Larger nb means fewer, larger collectives.
+        block_size: panel width nb (default None: 32, or N when N < 32). Larger nb means
+            fewer, larger collectives.
         mesh: the device mesh (default: ``a.sharding.mesh`` or the mesh set by
             ``jax.set_mesh``); Auto and Explicit axis types both work.
         axis_names: mesh axes to distribute the columns over (default: all, flattened).
@@ -270,7 +270,7 @@ def lu(
     See also: :func:`lu_solve`, :func:`solve`, :func:`shardkit.linalg.det`.
     """
     check_matrix(a, "a")
-    check_block_size(block_size, a.shape[0])
+    block_size = block_size_for(block_size, a.shape[0])
     mesh, axes = layout.resolve_mesh(a, mesh, axis_names, arg="a")
     if grid is not None:
         grid = check_grid(mesh, grid)

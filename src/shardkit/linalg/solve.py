@@ -28,8 +28,7 @@ from jax.sharding import PartitionSpec as P
 from shardkit.linalg import layout
 from shardkit.linalg.grid import lu_solve_grid_jit, solve_grid_jit
 from shardkit.linalg.layout import (
-    DEFAULT_BLOCK_SIZE,
-    check_block_size,
+    block_size_for,
     check_matrix,
     n_devices,
 )
@@ -136,7 +135,7 @@ def solve(
     a: jax.Array,
     b: jax.Array,
     *,
-    block_size: int = DEFAULT_BLOCK_SIZE,
+    block_size: int | None = None,
     mesh: Mesh | None = None,
     axis_names: str | Sequence[str] | None = None,
     check: bool = True,
@@ -152,7 +151,7 @@ def solve(
     Args:
         a: (N, N) float32 or float64 matrix, any sharding; any N (padded internally).
         b: (N,) or (N, k) right-hand side(s), any sharding (replicated inside: N x k words).
-        block_size: panel width nb (default 32).
+        block_size: panel width nb (default None: 32, or N when N < 32).
         mesh: the device mesh (default: ``a.sharding.mesh`` or ``jax.set_mesh``); Auto and
             Explicit axis types both work.
         axis_names: mesh axes to distribute over (default: all, flattened).
@@ -180,7 +179,7 @@ def solve(
     See also: :func:`lu_solve`, :func:`~shardkit.linalg.cg`, :func:`~shardkit.linalg.batched_solve`.
     """
     check_matrix(a, "a")
-    check_block_size(block_size, a.shape[0])
+    block_size = block_size_for(block_size, a.shape[0])
     b2, shape = as_columns(b, a.shape[0], "b")
     mesh, axes = layout.resolve_mesh(a, mesh, axis_names, arg="a")
     if grid is not None:

@@ -37,7 +37,7 @@ from jax.sharding import PartitionSpec as P
 from shardkit.errors import ShardkitValueError
 from shardkit.linalg import layout
 from shardkit.linalg.layout import (
-    check_block_size,
+    block_size_for,
     check_matrix,
     n_devices,
     zeros_varying,
@@ -146,7 +146,7 @@ def triangular_solve(
     lower: bool,
     transpose: bool = False,
     unit_diagonal: bool = False,
-    block_size: int = 32,
+    block_size: int | None = None,
     mesh: Mesh | None = None,
     axis_names: str | Sequence[str] | None = None,
 ) -> jax.Array:
@@ -158,7 +158,8 @@ def triangular_solve(
         lower: True for lower triangular A, False for upper.
         transpose: solve with ``A.T`` instead of A.
         unit_diagonal: assume ones on the diagonal (the stored diagonal is ignored).
-        block_size: block size nb of the column-block-cyclic layout.
+        block_size: block size nb of the column-block-cyclic layout (default None: 32, or N
+            when N < 32).
         mesh: the device mesh (default: ``a.sharding.mesh`` or ``jax.set_mesh``).
         axis_names: mesh axes to distribute over (default: all, flattened).
 
@@ -175,7 +176,7 @@ def triangular_solve(
     """
 
     check_matrix(a, "a")
-    check_block_size(block_size, a.shape[0])
+    block_size = block_size_for(block_size, a.shape[0])
     b2, shape = as_columns(b, a.shape[0], "b")
     mesh, axes = layout.resolve_mesh(a, mesh, axis_names, arg="a")
     x = _tri_jit(a, b2, mesh, axes, block_size, lower, transpose, unit_diagonal)
