@@ -262,3 +262,16 @@ def test_small_matrices_work_with_the_default_block_size(n):
     spd = a @ a.T + n * np.eye(n, dtype=np.float32)
     c = sl.cho_solve(sl.cholesky(jnp.asarray(spd), mesh=mesh), jnp.asarray(b))
     check_vs_reference(spd, b, c, jnp.float32)
+
+
+@pytest.mark.parametrize("bad", [np.inf, -np.inf, np.nan])
+def test_det_of_a_matrix_with_non_finite_entries_raises(bad):
+    mesh = make_mesh("1d", AxisType.Explicit)
+    a = np.eye(64, dtype=np.float32)
+    a[3, 5] = bad
+    for fn in (sl.det, sl.slogdet):
+        with pytest.raises(ValueError, match=rf"holds {bad} at \[3, 5\].*fix"):
+            fn(jnp.asarray(a), mesh=mesh)
+    # inside jit nothing can raise: a non-finite result, as jnp.linalg.slogdet gives
+    _, logdet = jax.jit(lambda m: sl.slogdet(m, mesh=mesh))(jnp.asarray(a))
+    assert not np.isfinite(float(logdet))

@@ -26,6 +26,7 @@ from jax import lax
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
+from shardkit.errors import ShardkitValueError
 from shardkit.linalg.layout import global_index, n_devices
 from shardkit.linalg.lu import LUFactors, lu
 
@@ -81,6 +82,18 @@ def _slogdet_jit(packed, pivots, mesh, axes, nb, grid):
     )
 
 
+def _check_finite(a: jax.Array) -> None:
+    """Raises for inf or NaN entries, whose determinant is undefined (NaN), outside `jit`."""
+    finite = jnp.isfinite(a)
+    if not bool(finite.all()):
+        i, j = (int(k) for k in jnp.unravel_index(jnp.argmin(finite), a.shape))
+        raise ShardkitValueError(
+            f"a: the ({a.shape[0]}, {a.shape[1]}) matrix holds {float(a[i, j])} at [{i}, {j}]; "
+            "its determinant is undefined; fix: replace the non-finite entries (inside jit, "
+            "slogdet returns NaN for them, as jnp.linalg.slogdet does)."
+        )
+
+
 def slogdet(
     a: jax.Array | LUFactors,
     *,
@@ -102,13 +115,16 @@ def slogdet(
         exactly zero.
 
     Raises:
-        ValueError, TypeError: as :func:`~shardkit.linalg.lu` for a bad matrix.
+        ValueError, TypeError: as :func:`~shardkit.linalg.lu` for a bad matrix; ValueError
+            for inf or NaN entries outside ``jit`` (inside, the result is NaN).
 
     Example:
         >>> sign, logdet = slogdet(a, mesh=jax.make_mesh((8,), ("x",)))
 
     See also: :func:`det`, :func:`~shardkit.linalg.lu`.
     """
+    if not isinstance(a, LUFactors) and not isinstance(a, jax.core.Tracer):
+        _check_finite(a)
     f = a if isinstance(a, LUFactors) else lu(a, block_size=block_size, mesh=mesh,
                                               axis_names=axis_names, grid=grid)  # fmt: skip
     return _slogdet_jit(f.lu, f.pivots, f.mesh, f.axis_names, f.block_size, f.grid)
@@ -133,7 +149,7 @@ def det(
         The determinant, a replicated scalar (0 for an exactly singular matrix).
 
     Raises:
-        ValueError, TypeError: as :func:`~shardkit.linalg.lu` for a bad matrix.
+        ValueError, TypeError: as :func:`slogdet`.
 
     Example:
         >>> det(2 * jnp.eye(8), mesh=jax.make_mesh((8,), ("x",)), block_size=1)   # 256.0
