@@ -10,7 +10,7 @@ Everything is float32, so XLA:CPU's upcast of bf16 collectives does not enter.
 import pytest
 
 from shardkit.models import GPTConfig
-from shardkit.strategies import FSDP, DataParallel, Hybrid, TensorParallel
+from shardkit.strategies import FSDP, DataParallel, Hybrid, Pipeline, TensorParallel
 from shardkit.verify import measure_gpt
 from shardkit.verify.bounds import traffic_lower_bound
 
@@ -56,7 +56,5 @@ def test_the_bound_counts_what_each_layout_must_send():
     zero3 = traffic_lower_bound(CFG, FSDP(), devices=8, batch=BATCH, grad_accum=4)
     assert zero3["parameters"] == pytest.approx(4 * 7 / 8 * 4 * CFG.n_params())
     with pytest.raises(ValueError, match="pipeline"):
-        from shardkit.strategies import Pipeline
-
         traffic_lower_bound(CFG, Hybrid(data=4, pipeline=Pipeline(stages=2)), devices=8,
                             batch=BATCH)  # fmt: skip
