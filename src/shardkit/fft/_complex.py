@@ -34,6 +34,7 @@ from jaxtyping import Array, Complex, Num
 
 from shardkit.errors import ShardkitValueError
 from shardkit.fft import _layout as L
+from shardkit.fft import _vmap as V
 
 
 def _steps(entries: tuple, k: int, mesh_shape: dict[str, int]) -> list[tuple[int, Any]]:
@@ -160,6 +161,10 @@ def forward(x, *, k, norm, layout, spec, mesh, fname):
     L.check_choice("layout", layout, L.LAYOUTS, fname)
     L.check_rank(x, k, fname)
     dtype = L.complex_dtype(x.dtype, fname, allow_real=True)
+    if V.is_mapped(x):  # under jax.vmap: one program over the whole batch
+        shape = tuple(x.shape) if layout == "natural" else roll(tuple(x.shape), k, 1)
+        run = functools.partial(forward, k=k, norm=norm, layout=layout, fname=fname)
+        return V.call_batched(run, x, spec, mesh, jax.ShapeDtypeStruct(shape, dtype))
     mesh, entries = L.resolve(x, spec, mesh, fname)
     L.check_fft_entries(entries, mesh, k, fname)
     _check_splits(tuple(x.shape), entries, k, mesh, fname)
@@ -195,6 +200,10 @@ def inverse(y, *, k, norm, layout, spec, mesh, fname):
     L.check_choice("layout", layout, L.LAYOUTS, fname)
     L.check_rank(y, k, fname)
     dtype = L.complex_dtype(y.dtype, fname, allow_real=False)
+    if V.is_mapped(y):  # under jax.vmap: one program over the whole batch
+        shape = tuple(y.shape) if layout == "natural" else roll(tuple(y.shape), k, -1)
+        run = functools.partial(inverse, k=k, norm=norm, layout=layout, fname=fname)
+        return V.call_batched(run, y, spec, mesh, jax.ShapeDtypeStruct(shape, dtype))
     mesh, spec_entries = L.resolve(y, spec, mesh, fname)
     entries = original_entries(spec_entries, k, layout, fname)
     L.check_fft_entries(entries, mesh, k, fname)

@@ -69,7 +69,7 @@ def _is_tracer(x: Any) -> bool:
     return isinstance(x, jax.core.Tracer)
 
 
-def _mesh_of(x: Any) -> Any:
+def mesh_of(x: Any) -> Any:
     """The mesh (concrete or abstract) an array or abstract value is laid out on, or None."""
     sharding = getattr(x, "sharding", None)
     if isinstance(sharding, NamedSharding):
@@ -81,7 +81,7 @@ def _mesh_of(x: Any) -> Any:
     return None
 
 
-def _spec_of(x: Any) -> P | None:
+def spec_of(x: Any) -> P | None:
     """The PartitionSpec an array is known to have, or None when it cannot be read."""
     sharding = getattr(x, "sharding", None)
     if isinstance(sharding, NamedSharding):
@@ -113,9 +113,9 @@ def resolve(x: Any, spec: P | None, mesh: Any, fname: str) -> tuple[Any, tuple[E
     sharding of a traced value is unknown, so `spec=` must be given.
     """
     ndim = len(x.shape)
-    known = _spec_of(x)
+    known = spec_of(x)
     if mesh is None:
-        mesh = _mesh_of(x)
+        mesh = mesh_of(x)
     if mesh is None:
         context = jax.sharding.get_abstract_mesh()
         mesh = context if context.axis_names else None

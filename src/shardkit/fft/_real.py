@@ -28,6 +28,7 @@ from jaxtyping import Array, Complex, Float
 
 from shardkit.errors import ShardkitTypeError, ShardkitValueError
 from shardkit.fft import _layout as L
+from shardkit.fft import _vmap as V
 from shardkit.fft._complex import roll, to_trailing
 
 
@@ -211,6 +212,12 @@ def prfft3d(
     L.check_choice("layout", layout, L.LAYOUTS, fname)
     L.check_rank(x, 3, fname)
     rdtype = _real_dtype(x.dtype, fname)
+    if V.is_mapped(x):  # under jax.vmap: one program over the whole batch
+        kshape = tuple(x.shape[:-1]) + (x.shape[-1] // 2 + 1,)
+        kshape = kshape if layout == "natural" else roll(kshape, 3, 1)
+        cdtype = jnp.complex128 if rdtype == jnp.float64 else jnp.complex64
+        run = functools.partial(prfft3d, norm=norm, layout=layout)
+        return V.call_batched(run, x, spec, mesh, jax.ShapeDtypeStruct(kshape, cdtype))
     mesh, entries = L.resolve(x, spec, mesh, fname)
     L.check_fft_entries(entries, mesh, 3, fname)
     batch, a, b = entries[:-3], entries[-3], entries[-2]
@@ -286,6 +293,12 @@ def pirfft3d(
     L.check_choice("layout", layout, L.LAYOUTS, fname)
     L.check_rank(y, 3, fname)
     cdtype = L.complex_dtype(y.dtype, fname, allow_real=False)
+    if V.is_mapped(y):  # under jax.vmap: one program over the whole batch
+        kshape = tuple(y.shape) if layout == "natural" else roll(tuple(y.shape), 3, -1)
+        shape = kshape[:-1] + (2 * (kshape[-1] - 1) if n is None else n,)
+        rdtype = jnp.float64 if cdtype == jnp.complex128 else jnp.float32
+        run = functools.partial(pirfft3d, n=n, norm=norm, layout=layout)
+        return V.call_batched(run, y, spec, mesh, jax.ShapeDtypeStruct(shape, rdtype))
     mesh, entries = L.resolve(y, spec, mesh, fname)
     kshape = tuple(y.shape)
     if layout == "transposed":

@@ -1,0 +1,80 @@
+"""`jax.vmap` of the distributed transforms: the mapped dim becomes one more leading batch dim.
+
+Every transform already takes leading batch dims, sharded or not (`pfft3d` on `x[B_b, X_x, Y_y,
+Z]` runs one program whose all-to-alls stay within the mesh axes `x` and `y`). Under `jax.vmap`
+the transform sees one batch element instead, whose layout no longer says which mesh axes shard
+the mapped dim: on Explicit mesh axes the element's spec drops it (so mesh axis `b` looks unused),
+on Auto mesh axes nothing can be read at all. So when `x` is mapped by `jax.vmap`, the call goes
+through `jax.custom_batching.custom_vmap`, whose rule receives the whole batch with the mapped
+dim first and runs the same transform on it, with the batch's own sharding (or the mapped dim's
+entry from `spmd_axis_name=`, or none) in front of the element's spec.
+
+Example:
+    >>> mesh = jax.make_mesh((2, 2, 2), ("b", "x", "y"))
+    >>> xs = jax.device_put(jnp.ones((4, 16, 16, 16)), NamedSharding(mesh, P("b", "x", "y")))
+    >>> jax.vmap(shardkit.fft.pfft3d)(xs).sharding.spec     # the same program as pfft3d(xs)
+    P('b', None, 'x', 'y')
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax._src.interpreters import batching  # private: JAX has no public "a vmap tracer?" query
+from jax.sharding import PartitionSpec as P
+
+from shardkit.fft import _layout as L
+
+Run = Callable[..., jax.Array]  # run(x, spec=..., mesh=...): a transform with its options bound
+
+
+def is_mapped(x: Any) -> bool:
+    """Whether `x` is a value that the innermost `jax.vmap` maps over a dim."""
+    return isinstance(x, batching.BatchTracer) and x.batch_dim is not None
+
+
+def _batch_entry(x: Any) -> L.Entry:
+    """The mesh axes that shard the mapped dim of `x`, as far as JAX lets them be read.
+
+    From the batch's own sharding (a concrete array, or a traced value on Explicit mesh axes),
+    else from `jax.vmap(..., spmd_axis_name=...)`, else None (the mapped dim is whole).
+    """
+    spec = L.spec_of(x.val)
+    if spec is not None:
+        return L.normalize(spec, x.val.ndim)[x.batch_dim]
+    name = getattr(getattr(x._trace, "axis_data", None), "spmd_name", None)
+    if name is None:
+        return None
+    return L.normalize(P(tuple(name) if isinstance(name, list | tuple) else name), 1)[0]
+
+
+def call_batched(run: Run, x: Any, spec: P | None, mesh: Any, out: jax.ShapeDtypeStruct):
+    """Runs `run` on the whole batch of a vmapped `x`, the mapped dim as its first batch dim.
+
+    Args:
+        run: the transform with its options bound, called as `run(a, spec=..., mesh=...)`.
+        x: a value mapped by `jax.vmap` (`is_mapped(x)`).
+        spec: the user's PartitionSpec of one batch element, or None to read the batch's own.
+        mesh: the user's mesh, or None.
+        out: shape and dtype of one batch element of the result (for tracing only).
+
+    Returns:
+        The result for one batch element, mapped by the same `jax.vmap`.
+    """
+    full = None if spec is None else P(_batch_entry(x), *L.normalize(spec, len(x.shape)))
+
+    @jax.custom_batching.custom_vmap
+    def transform(a):
+        # Traced for the output's shape and dtype only: under jax.vmap the rule below runs.
+        del a
+        return jnp.zeros(out.shape, out.dtype)
+
+    @transform.def_vmap
+    def _rule(axis_size, in_batched, a):
+        del axis_size, in_batched  # `a` is mapped (is_mapped), its mapped dim moved first
+        return run(a, spec=full, mesh=mesh), True
+
+    return transform(x)
