@@ -39,6 +39,7 @@ from shardkit.linalg import layout
 from shardkit.linalg.layout import (
     block_size_for,
     check_matrix,
+    global_index,
     n_devices,
     zeros_varying,
 )
@@ -117,25 +118,95 @@ def as_columns(b, n: int, arg: str) -> tuple[jax.Array, tuple[int, ...]]:
     return (b[:, None] if len(shape) == 1 else b), shape
 
 
+def outer_rows_local(u, v, *, p, axes):
+    """Inside ``shard_map``: this device's rows of ``u v^T`` for replicated (Np, k) ``u`` and
+    ``v``, i.e. its (Np/P, Np) block of the row-sharded ``P(axes, None)`` outer product."""
+    r = u.shape[0] // p
+    u_rows = lax.dynamic_slice_in_dim(u, lax.axis_index(axes) * r, r, axis=0)  # (Np/P, k)
+    return u_rows @ v.T  # (Np/P, Np)
+
+
+def outer_cyclic_local(u, v, *, nb, p, axes):
+    """Inside ``shard_map``: this device's columns of ``u v^T`` in the column-block-cyclic
+    storage (Np, Np/P), and the global index of each of those columns, (Np/P,)."""
+    gcol = global_index(u.shape[0] // p, nb, p, lax.axis_index(axes))
+    return u @ v[gcol].T, gcol  # (Np, Np/P), (Np/P,)
+
+
+def triangle_mask(rows, cols, *, lower, unit_diagonal):
+    """True on the entries a triangular solve reads: the triangle, without the diagonal when
+    ``unit_diagonal``."""
+    if lower:
+        return rows > cols if unit_diagonal else rows >= cols
+    return rows < cols if unit_diagonal else rows <= cols
+
+
+def _tri_primal_local(a, b, *, nb, p, axes, keep, **kw):
+    a = layout.rows_to_cyclic_local(a, block_size=nb, p=p, axes=axes)
+    x = tri_solve_local(a, b, nb=nb, p=p, axes=axes, **kw)
+    return (x, a) if keep else x
+
+
+def _tri_map(a, b, mesh, axes, nb, flags, keep):
+    lower, transpose, unit_diagonal = flags
+    f = functools.partial(
+        _tri_primal_local, nb=nb, p=n_devices(mesh, axes), axes=axes, keep=keep, lower=lower,
+        transpose=transpose, unit_diagonal=unit_diagonal,
+    )  # fmt: skip
+    out_specs = (P(), P(None, axes)) if keep else P()
+    return jax.shard_map(f, mesh=mesh, in_specs=(P(axes, None), P()), out_specs=out_specs)(a, b)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4, 5))
+def _tri_padded(a, b, mesh, axes, nb, flags):
+    """``op(T) x = b`` for the padded, row-sharded T and replicated (Np, k) b; its VJP solves
+    with ``op(T)^T`` on the same cyclic storage."""
+    return _tri_map(a, b, mesh, axes, nb, flags, keep=False)
+
+
+def _tri_padded_fwd(a, b, mesh, axes, nb, flags):
+    x, a_cyclic = _tri_map(a, b, mesh, axes, nb, flags, keep=True)
+    return x, (a_cyclic, x)
+
+
+def _tri_adjoint_local(a, x_bar, x, *, nb, p, axes, lower, transpose, unit_diagonal):
+    """Inside ``shard_map``: ``lam = op(T)^-T x_bar``; the rows of ``T_bar`` (``-lam x^T``, or
+    ``-x lam^T`` for ``T^T x = b``) masked to the triangle the solve reads."""
+    lam = tri_solve_local(a, x_bar, nb=nb, p=p, axes=axes, lower=lower,
+                          transpose=not transpose, unit_diagonal=unit_diagonal)  # fmt: skip
+    u, v = (x, lam) if transpose else (lam, x)
+    t_bar = -outer_rows_local(u, v, p=p, axes=axes)  # (Np/P, Np)
+    r, n_pad = t_bar.shape
+    rows = lax.axis_index(axes) * r + jnp.arange(r)[:, None]
+    mask = triangle_mask(rows, jnp.arange(n_pad)[None, :], lower=lower,
+                         unit_diagonal=unit_diagonal)  # fmt: skip
+    return jnp.where(mask, t_bar, 0), lam
+
+
+def _tri_padded_bwd(mesh, axes, nb, flags, res, x_bar):
+    a_cyclic, x = res
+    lower, transpose, unit_diagonal = flags
+    f = functools.partial(
+        _tri_adjoint_local, nb=nb, p=n_devices(mesh, axes), axes=axes, lower=lower,
+        transpose=transpose, unit_diagonal=unit_diagonal,
+    )  # fmt: skip
+    return jax.shard_map(
+        f, mesh=mesh, in_specs=(P(None, axes), P(), P()), out_specs=(P(axes, None), P())
+    )(a_cyclic, x_bar, x)
+
+
+_tri_padded.defvjp(_tri_padded_fwd, _tri_padded_bwd)
+
+
 @functools.partial(
     jax.jit, static_argnames=("mesh", "axes", "nb", "lower", "transpose", "unit_diagonal")
 )
 def _tri_jit(a, b, mesh, axes, nb, lower, transpose, unit_diagonal):
-    p = n_devices(mesh, axes)
     n = a.shape[0]
-    n_pad = layout.padded_size(n, nb, p)
-    pad = n_pad - n
+    n_pad = layout.padded_size(n, nb, n_devices(mesh, axes))
     a = constrain(layout.pad_identity(a, n_pad), mesh, P(axes, None))
-    b = constrain(jnp.pad(b.astype(a.dtype), ((0, pad), (0, 0))), mesh, P())
-
-    def local(a, b):
-        a = layout.rows_to_cyclic_local(a, block_size=nb, p=p, axes=axes)
-        return tri_solve_local(
-            a, b, nb=nb, p=p, axes=axes, lower=lower, transpose=transpose,
-            unit_diagonal=unit_diagonal,
-        )  # fmt: skip
-
-    x = jax.shard_map(local, mesh=mesh, in_specs=(P(axes, None), P()), out_specs=P())(a, b)
+    b = constrain(jnp.pad(b.astype(a.dtype), ((0, n_pad - n), (0, 0))), mesh, P())
+    x = _tri_padded(a, b, mesh, axes, nb, (lower, transpose, unit_diagonal))
     return x[:n]
 
 
