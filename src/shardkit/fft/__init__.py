@@ -33,6 +33,10 @@ from shardkit.fft._freq import spectral_layout as spectral_layout
 from shardkit.fft._layout import SpectralLayout as SpectralLayout
 from shardkit.fft._real import pirfft3d as pirfft3d
 from shardkit.fft._real import prfft3d as prfft3d
+from shardkit.fft._transpose import transpose_xy as transpose_xy
+from shardkit.fft._transpose import transpose_yx as transpose_yx
+from shardkit.fft._transpose import transpose_yz as transpose_yz
+from shardkit.fft._transpose import transpose_zy as transpose_zy
 
 __all__ = [
     "SpectralLayout",
@@ -46,4 +50,8 @@ __all__ = [
     "pirfft3d",
     "prfft3d",
     "spectral_layout",
+    "transpose_xy",
+    "transpose_yx",
+    "transpose_yz",
+    "transpose_zy",
 ]

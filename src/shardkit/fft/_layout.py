@@ -128,13 +128,7 @@ def resolve(x: Any, spec: P | None, mesh: Any, fname: str) -> tuple[Any, tuple[E
             f"jax.sharding.reshard(x, {spec})."
         )
     if spec is None or mesh is None:
-        where = "a traced value on Auto mesh axes" if _is_tracer(x) else "an unsharded array"
-        raise ShardkitValueError(
-            f"{fname}: x (shape {tuple(x.shape)}) is {where}, so its layout is unknown; the "
-            f"transform needs x sharded over a mesh; fix: "
-            f"x = jax.device_put(x, NamedSharding(mesh, P('x', 'y'))), or inside jit on Auto "
-            f"axes pass spec=P('x', 'y') and mesh=mesh (or use jax.set_mesh(mesh))."
-        )
+        raise ShardkitValueError(_unknown_layout(x, mesh, fname))
     if len(spec) > ndim:
         raise ShardkitValueError(
             f"{fname}: spec {spec} has {len(spec)} entries but x has rank {ndim} "
@@ -151,6 +145,33 @@ def resolve(x: Any, spec: P | None, mesh: Any, fname: str) -> tuple[Any, tuple[E
             "laid out on."
         )
     return mesh, entries
+
+
+_SPECTRUM_ARGS = ("pifft3d", "pifft2d", "pirfft3d", "batched_ifftn", "fftfreq3d")
+
+
+def _unknown_layout(x: Any, mesh: Any, fname: str) -> str:
+    """The one-line error for an input whose sharding cannot be read: what, where, the fix."""
+    arg = "y" if fname in _SPECTRUM_ARGS else "x"
+    shape = tuple(x.shape)
+    if not _is_tracer(x) or mesh is None:
+        where = "a traced value on Auto mesh axes" if _is_tracer(x) else "an unsharded array"
+        return (
+            f"{fname}: {arg} (shape {shape}) is {where}, so its layout is unknown; the "
+            f"transform needs {arg} sharded over a mesh; fix: "
+            f"{arg} = jax.device_put({arg}, NamedSharding(mesh, P('x', 'y'))), or inside jit on "
+            f"Auto axes pass spec=P('x', 'y') and mesh=mesh (or use jax.set_mesh(mesh))."
+        )
+    sizes = dict(mesh.shape)
+    axes = ", ".join(f"{a!r} (size {n})" for a, n in sizes.items())
+    names = [a for a, n in sizes.items() if n > 1][:2] or list(sizes)[:1]
+    example = "P(" + ", ".join(repr(a) for a in names) + ")"
+    return (
+        f"{fname}: {arg} (shape {shape}) is a traced value on Auto mesh axes {axes}, and JAX "
+        f"does not tell a traced value's sharding on Auto axes (only on Explicit ones); fix: "
+        f"pass the sharding {arg} has, e.g. {fname}({arg}, spec={example}), or make the mesh's "
+        f"axes Explicit (jax.make_mesh(..., axis_types=(AxisType.Explicit,) * {len(sizes)}))."
+    )
 
 
 def check_rank(x: Any, k: int, fname: str) -> None:
