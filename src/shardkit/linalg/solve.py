@@ -22,9 +22,11 @@ from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
+from shardkit.errors import ShardkitValueError
 from shardkit.linalg import layout
 from shardkit.linalg.grid import lu_solve_grid_jit, solve_grid_jit
 from shardkit.linalg.layout import (
@@ -34,47 +36,179 @@ from shardkit.linalg.layout import (
 )
 from shardkit.linalg.layout2d import check_grid
 from shardkit.linalg.lu import LUFactors, SingularMatrixError, lu_local
-from shardkit.linalg.triangular import as_columns, tri_solve_local
+from shardkit.linalg.triangular import (
+    as_columns,
+    outer_cyclic_local,
+    outer_rows_local,
+    tri_solve_local,
+)
 from shardkit.placement import constrain
 
 __all__ = ["lu_solve", "solve"]
 
 
-def _lu_solve_local(a, perm, b, *, nb, p, axes):
+def _lu_adjoint_local(a, x_bar, *, nb, p, axes):
+    """Inside ``shard_map``: the adjoint solve ``A^T lam = x_bar`` with the LU factors of
+    ``A[perm] = L U``: ``z = U^-T x_bar``, ``w = L^-T z`` and ``lam = w[perm^-1]``.
+
+    Returns ``(w, z)``; ``w`` is ``lam[perm]``, the permuted cotangent the factors need.
+    """
+    kw = dict(nb=nb, p=p, axes=axes, transpose=True)
+    z = tri_solve_local(a, x_bar, lower=False, **kw)  # (Np, k)
+    return tri_solve_local(a, z, lower=True, unit_diagonal=True, **kw), z
+
+
+def _unpermute(w, perm):
+    """``lam`` with ``lam[perm] = w`` (the inverse row permutation), replicated."""
+    return jnp.zeros_like(w).at[perm].set(w, unique_indices=True)
+
+
+def _solve_local(a, b, *, nb, p, axes, keep):
+    a = layout.rows_to_cyclic_local(a, block_size=nb, p=p, axes=axes)
+    a, ipiv, info, y = lu_local(a, nb=nb, p=p, axes=axes, rhs=b)  # y = L^-1 P b
+    x = tri_solve_local(a, y, nb=nb, p=p, axes=axes, lower=False)
+    if not keep:
+        return x, info
+    return x, info, a, lax.linalg.lu_pivots_to_permutation(ipiv, b.shape[0])
+
+
+def _solve_map(a, b, mesh, axes, nb, keep):
+    f = functools.partial(_solve_local, nb=nb, p=n_devices(mesh, axes), axes=axes, keep=keep)
+    out_specs = (P(), P(), P(None, axes), P()) if keep else (P(), P())
+    return jax.shard_map(f, mesh=mesh, in_specs=(P(axes, None), P()), out_specs=out_specs)(a, b)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4))
+def _solve_padded(a, b, mesh, axes, nb):
+    """``(x, info)`` for the padded, row-sharded A and replicated (Np, k) b. Its VJP reuses the
+    LU factors: ``lam = A^-T x_bar`` (two transposed triangular solves), ``b_bar = lam``,
+    ``A_bar = -lam x^T`` formed row-sharded like A."""
+    return _solve_map(a, b, mesh, axes, nb, keep=False)
+
+
+def _solve_padded_fwd(a, b, mesh, axes, nb):
+    x, info, packed, perm = _solve_map(a, b, mesh, axes, nb, keep=True)
+    return (x, info), (packed, perm, x)
+
+
+def _solve_adjoint_local(a, perm, x_bar, x, *, nb, p, axes):
+    w, _ = _lu_adjoint_local(a, x_bar, nb=nb, p=p, axes=axes)
+    lam = _unpermute(w, perm)  # (Np, k)
+    return -outer_rows_local(lam, x, p=p, axes=axes), lam
+
+
+def _solve_padded_bwd(mesh, axes, nb, res, ct):
+    packed, perm, x = res
+    f = functools.partial(_solve_adjoint_local, nb=nb, p=n_devices(mesh, axes), axes=axes)
+    specs = (P(None, axes), P(), P(), P())
+    return jax.shard_map(f, mesh=mesh, in_specs=specs, out_specs=(P(axes, None), P()))(
+        packed, perm, ct[0], x
+    )
+
+
+_solve_padded.defvjp(_solve_padded_fwd, _solve_padded_bwd)
+
+
+def _lu_solve_local(a, perm, b, *, nb, p, axes, keep):
     b = b[perm]  # (Np, k) replicated: apply the row permutation
     kw = dict(nb=nb, p=p, axes=axes)
     y = tri_solve_local(a, b, lower=True, unit_diagonal=True, **kw)
-    return tri_solve_local(a, y, lower=False, **kw)
+    x = tri_solve_local(a, y, lower=False, **kw)
+    return (x, y) if keep else x
 
 
-@functools.partial(jax.jit, static_argnames=("mesh", "axes", "nb"))
-def _lu_solve_jit(packed, perm, b, mesh, axes, nb):
-    p = n_devices(mesh, axes)
-    n_pad = packed.shape[0]
-    b = constrain(jnp.pad(b.astype(packed.dtype), ((0, n_pad - b.shape[0]), (0, 0))), mesh, P())
-    f = functools.partial(_lu_solve_local, nb=nb, p=p, axes=axes)
-    return jax.shard_map(f, mesh=mesh, in_specs=(P(None, axes), P(), P()), out_specs=P())(
+def _lu_solve_map(packed, perm, b, mesh, axes, nb, keep):
+    f = functools.partial(_lu_solve_local, nb=nb, p=n_devices(mesh, axes), axes=axes, keep=keep)
+    out_specs = (P(), P()) if keep else P()
+    return jax.shard_map(f, mesh=mesh, in_specs=(P(None, axes), P(), P()), out_specs=out_specs)(
         packed, perm, b
     )
 
 
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
+def _lu_solve_padded(packed, perm, b, mesh, axes, nb):
+    """``x = U^-1 L^-1 b[perm]`` with the cyclic LU storage. Its VJP gives ``b_bar = lam`` and
+    the storage's cotangent: ``-w y^T`` below the diagonal (L) and ``-z x^T`` on and above it
+    (U), with ``y = L^-1 b[perm]`` and ``w, z`` from :func:`_lu_adjoint_local`."""
+    return _lu_solve_map(packed, perm, b, mesh, axes, nb, keep=False)
+
+
+def _lu_solve_padded_fwd(packed, perm, b, mesh, axes, nb):
+    x, y = _lu_solve_map(packed, perm, b, mesh, axes, nb, keep=True)
+    return x, (packed, perm, x, y)
+
+
+def _lu_storage_adjoint_local(a, perm, x_bar, x, y, *, nb, p, axes):
+    w, z = _lu_adjoint_local(a, x_bar, nb=nb, p=p, axes=axes)
+    l_bar, gcol = outer_cyclic_local(w, y, nb=nb, p=p, axes=axes)  # (Np, Np/P)
+    u_bar, _ = outer_cyclic_local(z, x, nb=nb, p=p, axes=axes)
+    below = jnp.arange(a.shape[0])[:, None] > gcol[None, :]
+    return -jnp.where(below, l_bar, u_bar), _unpermute(w, perm)
+
+
+def _lu_solve_padded_bwd(mesh, axes, nb, res, x_bar):
+    packed, perm, x, y = res
+    f = functools.partial(_lu_storage_adjoint_local, nb=nb, p=n_devices(mesh, axes), axes=axes)
+    specs = (P(None, axes), P(), P(), P(), P())
+    storage_bar, lam = jax.shard_map(f, mesh=mesh, in_specs=specs, out_specs=(P(None, axes), P()))(
+        packed, perm, x_bar, x, y
+    )
+    return storage_bar, None, lam
+
+
+_lu_solve_padded.defvjp(_lu_solve_padded_fwd, _lu_solve_padded_bwd)
+
+
+@functools.partial(jax.jit, static_argnames=("mesh", "axes", "nb"))
+def _lu_solve_jit(packed, perm, b, mesh, axes, nb):
+    n_pad = packed.shape[0]
+    b = constrain(jnp.pad(b.astype(packed.dtype), ((0, n_pad - b.shape[0]), (0, 0))), mesh, P())
+    return _lu_solve_padded(packed, perm, b, mesh, axes, nb)
+
+
 @functools.partial(jax.jit, static_argnames=("mesh", "axes", "nb"))
 def _solve_jit(a, b, mesh, axes, nb):
-    p = n_devices(mesh, axes)
     n = a.shape[0]
-    n_pad = layout.padded_size(n, nb, p)
+    n_pad = layout.padded_size(n, nb, n_devices(mesh, axes))
     a = constrain(layout.pad_identity(a, n_pad), mesh, P(axes, None))
     b = constrain(jnp.pad(b.astype(a.dtype), ((0, n_pad - n), (0, 0))), mesh, P())
-
-    def local(a, b):
-        a = layout.rows_to_cyclic_local(a, block_size=nb, p=p, axes=axes)
-        a, _, info, y = lu_local(a, nb=nb, p=p, axes=axes, rhs=b)  # y = L^-1 P b
-        return tri_solve_local(a, y, nb=nb, p=p, axes=axes, lower=False), info
-
-    x, info = jax.shard_map(local, mesh=mesh, in_specs=(P(axes, None), P()), out_specs=(P(), P()))(
-        a, b
-    )
+    x, info = _solve_padded(a, b, mesh, axes, nb)
     return x[:n], info
+
+
+def _no_grid_grad(fn: str):
+    raise ShardkitValueError(
+        f"grid: gradients through {fn}(..., grid=...) are not supported: the 2-D block-cyclic "
+        "factors have no transposed triangular solve. Fix: differentiate with the 1-D layout "
+        "(drop grid=; it distributes over all mesh axes, flattened)."
+    )
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4))
+def _solve_grid(a, b, mesh, grid, nb):
+    """The 2-D grid solve; differentiating it raises (instead of NaN)."""
+    return solve_grid_jit(a, b, mesh, grid, nb)
+
+
+_solve_grid.defvjp(
+    lambda a, b, mesh, grid, nb: (solve_grid_jit(a, b, mesh, grid, nb), None),
+    lambda mesh, grid, nb, res, ct: _no_grid_grad("solve"),
+)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
+def _lu_solve_grid(packed, perm, b, mesh, grid, nb):
+    """The 2-D grid ``lu_solve``; differentiating it raises (instead of NaN)."""
+    return lu_solve_grid_jit(packed, perm, b, mesh, grid, nb)
+
+
+_lu_solve_grid.defvjp(
+    lambda packed, perm, b, mesh, grid, nb: (
+        lu_solve_grid_jit(packed, perm, b, mesh, grid, nb),
+        None,
+    ),  # fmt: skip
+    lambda mesh, grid, nb, res, ct: _no_grid_grad("lu_solve"),
+)
 
 
 def _raise_if_singular(x: jax.Array, info: jax.Array, n: int) -> None:
@@ -118,7 +252,7 @@ def lu_solve(factors: LUFactors, b: jax.Array, *, check: bool = True) -> jax.Arr
     """
     b2, shape = as_columns(b, factors.n, "b")
     if factors.grid is not None:
-        x = lu_solve_grid_jit(
+        x = _lu_solve_grid(
             factors.lu, factors.perm, b2, factors.mesh, factors.grid, factors.block_size
         )
     else:
@@ -183,7 +317,7 @@ def solve(
     b2, shape = as_columns(b, a.shape[0], "b")
     mesh, axes = layout.resolve_mesh(a, mesh, axis_names, arg="a")
     if grid is not None:
-        x, info = solve_grid_jit(a, b2, mesh, check_grid(mesh, grid), block_size)
+        x, info = _solve_grid(a, b2, mesh, check_grid(mesh, grid), block_size)
     else:
         x, info = _solve_jit(a, b2, mesh, axes, block_size)
     if check:
