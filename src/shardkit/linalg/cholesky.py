@@ -39,7 +39,7 @@ from shardkit.linalg.layout import (
     n_chunks,
     n_devices,
 )
-from shardkit.linalg.triangular import as_columns, tri_solve_local
+from shardkit.linalg.triangular import as_columns, outer_cyclic_local, tri_solve_local
 from shardkit.placement import constrain
 
 __all__ = ["CholeskyFactors", "NotPositiveDefiniteError", "cho_solve", "cholesky"]
@@ -141,16 +141,55 @@ def _cholesky_jit(a, mesh, axes, nb):
     )
 
 
+def _cho_solve_local(l, b, *, nb, p, axes, keep):
+    y = tri_solve_local(l, b, nb=nb, p=p, axes=axes, lower=True)  # L y = b
+    x = tri_solve_local(l, y, nb=nb, p=p, axes=axes, lower=True, transpose=True)  # L^T x = y
+    return (x, y) if keep else x
+
+
+def _cho_solve_map(l, b, mesh, axes, nb, keep):
+    f = functools.partial(_cho_solve_local, nb=nb, p=n_devices(mesh, axes), axes=axes, keep=keep)
+    out_specs = (P(), P()) if keep else P()
+    return jax.shard_map(f, mesh=mesh, in_specs=(P(None, axes), P()), out_specs=out_specs)(l, b)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4))
+def _cho_solve_padded(l, b, mesh, axes, nb):
+    """``x = L^-T L^-1 b`` with the cyclic storage of L and replicated (Np, k) b. Its VJP:
+    ``lam = A^-1 x_bar`` with the same two solves, ``b_bar = lam`` and
+    ``L_bar = -tril(lam y^T + x u^T)`` with ``y = L^T x`` and ``u = L^T lam``."""
+    return _cho_solve_map(l, b, mesh, axes, nb, keep=False)
+
+
+def _cho_solve_padded_fwd(l, b, mesh, axes, nb):
+    x, y = _cho_solve_map(l, b, mesh, axes, nb, keep=True)
+    return x, (l, x, y)
+
+
+def _cho_adjoint_local(l, x_bar, x, y, *, nb, p, axes):
+    lam, u = _cho_solve_local(l, x_bar, nb=nb, p=p, axes=axes, keep=True)  # u = L^T lam
+    lam_y, gcol = outer_cyclic_local(lam, y, nb=nb, p=p, axes=axes)  # (Np, Np/P)
+    x_u, _ = outer_cyclic_local(x, u, nb=nb, p=p, axes=axes)
+    on_or_below = jnp.arange(l.shape[0])[:, None] >= gcol[None, :]  # the triangle L is read from
+    return jnp.where(on_or_below, -(lam_y + x_u), 0), lam
+
+
+def _cho_solve_padded_bwd(mesh, axes, nb, res, x_bar):
+    l, x, y = res
+    f = functools.partial(_cho_adjoint_local, nb=nb, p=n_devices(mesh, axes), axes=axes)
+    specs = (P(None, axes), P(), P(), P())
+    return jax.shard_map(f, mesh=mesh, in_specs=specs, out_specs=(P(None, axes), P()))(
+        l, x_bar, x, y
+    )
+
+
+_cho_solve_padded.defvjp(_cho_solve_padded_fwd, _cho_solve_padded_bwd)
+
+
 @functools.partial(jax.jit, static_argnames=("mesh", "axes", "nb"))
 def _cho_solve_jit(l, b, mesh, axes, nb):
-    p = n_devices(mesh, axes)
     b = constrain(jnp.pad(b.astype(l.dtype), ((0, l.shape[0] - b.shape[0]), (0, 0))), mesh, P())
-
-    def local(l, b):
-        y = tri_solve_local(l, b, nb=nb, p=p, axes=axes, lower=True)
-        return tri_solve_local(l, y, nb=nb, p=p, axes=axes, lower=True, transpose=True)
-
-    return jax.shard_map(local, mesh=mesh, in_specs=(P(None, axes), P()), out_specs=P())(l, b)
+    return _cho_solve_padded(l, b, mesh, axes, nb)
 
 
 def _raise_if_not_spd(info, n: int) -> None:
