@@ -30,6 +30,8 @@ from shardkit.fft._complex import pifft2d as pifft2d
 from shardkit.fft._complex import pifft3d as pifft3d
 from shardkit.fft._freq import fftfreq3d as fftfreq3d
 from shardkit.fft._freq import spectral_layout as spectral_layout
+from shardkit.fft._halo import halo_accumulate as halo_accumulate
+from shardkit.fft._halo import halo_exchange as halo_exchange
 from shardkit.fft._layout import SpectralLayout as SpectralLayout
 from shardkit.fft._real import pirfft3d as pirfft3d
 from shardkit.fft._real import prfft3d as prfft3d
@@ -43,6 +45,8 @@ __all__ = [
     "batched_fftn",
     "batched_ifftn",
     "fftfreq3d",
+    "halo_accumulate",
+    "halo_exchange",
     "pfft2d",
     "pfft3d",
     "pifft2d",
