@@ -39,7 +39,13 @@ from shardkit.linalg.layout import (
     n_chunks,
     n_devices,
 )
-from shardkit.linalg.triangular import as_columns, outer_cyclic_local, tri_solve_local
+from shardkit.linalg.triangular import (
+    as_columns,
+    first_zero_cyclic_local,
+    outer_cyclic_local,
+    raise_if_singular_triangle,
+    tri_solve_local,
+)
 from shardkit.placement import constrain
 
 __all__ = ["CholeskyFactors", "NotPositiveDefiniteError", "cho_solve", "cholesky"]
@@ -188,8 +194,12 @@ _cho_solve_padded.defvjp(_cho_solve_padded_fwd, _cho_solve_padded_bwd)
 
 @functools.partial(jax.jit, static_argnames=("mesh", "axes", "nb"))
 def _cho_solve_jit(l, b, mesh, axes, nb):
-    b = constrain(jnp.pad(b.astype(l.dtype), ((0, l.shape[0] - b.shape[0]), (0, 0))), mesh, P())
-    return _cho_solve_padded(l, b, mesh, axes, nb)
+    n = b.shape[0]
+    b = constrain(jnp.pad(b.astype(l.dtype), ((0, l.shape[0] - n), (0, 0))), mesh, P())
+    x = _cho_solve_padded(l, b, mesh, axes, nb)
+    f = functools.partial(first_zero_cyclic_local, nb=nb, p=n_devices(mesh, axes), axes=axes)
+    first = jax.shard_map(f, mesh=mesh, in_specs=P(None, axes), out_specs=P())(lax.stop_gradient(l))
+    return x[:n], jnp.where(first < n, first + 1, 0)  # info = i + 1 for L[i, i] == 0
 
 
 def _raise_if_not_spd(info, n: int) -> None:
@@ -246,19 +256,27 @@ def cholesky(
     return CholeskyFactors(l, info, a.shape[0], block_size, mesh, axes)
 
 
-def cho_solve(factors: CholeskyFactors, b: jax.Array) -> jax.Array:
+def cho_solve(factors: CholeskyFactors, b: jax.Array, *, check: bool = True) -> jax.Array:
     """Solves ``A x = b`` with the Cholesky factors of A (``L y = b``, then ``L^T x = y``).
+
+    Differentiable (reverse mode) in ``b`` and in the storage ``factors.l`` (its cotangent is
+    the lower triangle's, in the same distributed layout).
 
     Args:
         factors: the result of :func:`cholesky`.
         b: (N,) or (N, k) right-hand side(s), any sharding (replicated inside: N x k words).
+        check: raise when the factors report a failed factorization, a diagonal entry of L is
+            exactly zero or x is not finite (outside ``jit`` only; inside, and with
+            ``check=False``, x holds inf/NaN there, as in ``jax.scipy.linalg.cho_solve``).
 
     Returns:
         x with the shape of ``b``, replicated.
 
     Raises:
         ValueError: ``b`` does not match the factored matrix.
-        NotPositiveDefiniteError: the factors report a failed factorization.
+        NotPositiveDefiniteError: ``check`` and the factors report a failed factorization.
+        SingularMatrixError: ``check`` and L has an exact zero on its diagonal or x is not
+            finite.
 
     Example:
         >>> x = cho_solve(cholesky(a, mesh=mesh), b)
@@ -266,6 +284,9 @@ def cho_solve(factors: CholeskyFactors, b: jax.Array) -> jax.Array:
     See also: :func:`cholesky`, :func:`shardkit.linalg.triangular_solve`.
     """
     b2, shape = as_columns(b, factors.n, "b")
-    _raise_if_not_spd(factors.info, factors.n)
-    x = _cho_solve_jit(factors.l, b2, factors.mesh, factors.axis_names, factors.block_size)
-    return x[: factors.n].reshape(shape)
+    if check:
+        _raise_if_not_spd(factors.info, factors.n)
+    x, info = _cho_solve_jit(factors.l, b2, factors.mesh, factors.axis_names, factors.block_size)
+    if check:
+        raise_if_singular_triangle(x, info, factors.n, "L")
+    return x.reshape(shape)

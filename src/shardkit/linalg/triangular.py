@@ -43,6 +43,7 @@ from shardkit.linalg.layout import (
     n_devices,
     zeros_varying,
 )
+from shardkit.linalg.lu import SingularMatrixError
 from shardkit.placement import constrain
 
 __all__ = ["triangular_solve"]
@@ -84,13 +85,17 @@ def tri_solve_local(a, b, *, nb, p, axes, lower, transpose=False, unit_diagonal=
         off = (rows >= r0 + nb) if lower else (rows < r0)  # off-diagonal part of the column
         return j, r0, mine, col, t_jj, b_j, jnp.where(off, col, 0)
 
+    def owner_solve(mine, t_jj, rhs):  # only the block's owner calls the BLAS solve
+        zeros = functools.partial(zeros_varying, rhs.shape, rhs.dtype, axes)
+        return lax.cond(mine, lambda r: solve_diag(t_jj, r), lambda r: zeros(), rhs)
+
     if not transpose:
 
         def step(t, carry):
             acc, x = carry
             j, r0, mine, col, t_jj, b_j, off_col = block(t)
             s = lax.psum(lax.dynamic_slice_in_dim(acc, r0, nb, axis=0), axes)  # (nb, k)
-            x_j = jnp.where(mine, solve_diag(t_jj, b_j - s), 0)
+            x_j = owner_solve(mine, t_jj, b_j - s)
             acc = acc + off_col @ x_j  # (Np, k); zero on non-owners
             return acc, lax.dynamic_update_slice_in_dim(x, x_j, r0, axis=0)
 
@@ -101,7 +106,7 @@ def tri_solve_local(a, b, *, nb, p, axes, lower, transpose=False, unit_diagonal=
     def step_t(t, x):
         j, r0, mine, col, t_jj, b_j, off_col = block(t)
         s = off_col.T @ x  # (nb, k): contributions of the blocks solved so far
-        x_j = lax.psum(jnp.where(mine, solve_diag(t_jj, b_j - s), 0), axes)
+        x_j = lax.psum(owner_solve(mine, t_jj, b_j - s), axes)
         return lax.dynamic_update_slice_in_dim(x, x_j, r0, axis=0)
 
     return lax.fori_loop(0, nblk, step_t, jnp.zeros_like(b))
@@ -198,6 +203,45 @@ def _tri_padded_bwd(mesh, axes, nb, flags, res, x_bar):
 _tri_padded.defvjp(_tri_padded_fwd, _tri_padded_bwd)
 
 
+def first_zero_rows_local(a, *, p, axes):
+    """Inside ``shard_map``: the first ``i`` with ``a[i, i] == 0`` for row-sharded (Np/P, Np)
+    ``a``, or Np when there is none (replicated int32)."""
+    r, n_pad = a.shape
+    grow = lax.axis_index(axes) * r + jnp.arange(r)  # global row of each local row
+    diag = jnp.take_along_axis(a, grow[:, None], axis=1)[:, 0]  # (Np/P,)
+    return lax.pmin(jnp.min(jnp.where(diag == 0, grow, n_pad)).astype(jnp.int32), axes)
+
+
+def first_zero_cyclic_local(a, *, nb, p, axes):
+    """Inside ``shard_map``: the first ``i`` with ``a[i, i] == 0`` for column-block-cyclic
+    (Np, Np/P) storage, or Np when there is none (replicated int32)."""
+    n_pad, kc = a.shape
+    gcol = global_index(kc, nb, p, lax.axis_index(axes))  # global column of each local one
+    diag = a[gcol, jnp.arange(kc)]  # (Np/P,)
+    return lax.pmin(jnp.min(jnp.where(diag == 0, gcol, n_pad)).astype(jnp.int32), axes)
+
+
+def raise_if_singular_triangle(x, info, n: int, name: str) -> None:
+    """Raises :class:`SingularMatrixError` for ``info > 0`` (``name[info-1, info-1] == 0``) or
+    a non-finite solution ``x``; nothing inside ``jit`` (the arrays are traced there)."""
+    if isinstance(x, jax.core.Tracer) or isinstance(info, jax.core.Tracer):
+        return
+    what = "triangle" if name == "a" else "Cholesky factor"
+    i = int(info)
+    if i > 0:
+        raise SingularMatrixError(
+            f"a: the ({n}, {n}) {what} is singular: {name}[{i - 1}, {i - 1}] is exactly zero "
+            f"(info={i}). Fix: make the diagonal nonzero, or pass check=False to get JAX's "
+            "inf/NaN result instead."
+        )
+    if not bool(jnp.isfinite(x).all()):
+        raise SingularMatrixError(
+            f"a: the solution of the ({n}, {n}) triangular system is not finite (the {what} "
+            "is singular to working precision or holds inf/NaN). Fix: check the inputs, use "
+            "float64, or pass check=False to get JAX's inf/NaN result instead."
+        )
+
+
 @functools.partial(
     jax.jit, static_argnames=("mesh", "axes", "nb", "lower", "transpose", "unit_diagonal")
 )
@@ -207,7 +251,11 @@ def _tri_jit(a, b, mesh, axes, nb, lower, transpose, unit_diagonal):
     a = constrain(layout.pad_identity(a, n_pad), mesh, P(axes, None))
     b = constrain(jnp.pad(b.astype(a.dtype), ((0, n_pad - n), (0, 0))), mesh, P())
     x = _tri_padded(a, b, mesh, axes, nb, (lower, transpose, unit_diagonal))
-    return x[:n]
+    if unit_diagonal:
+        return x[:n], jnp.zeros((), jnp.int32)  # the stored diagonal is not read
+    f = functools.partial(first_zero_rows_local, p=n_devices(mesh, axes), axes=axes)
+    first = jax.shard_map(f, mesh=mesh, in_specs=P(axes, None), out_specs=P())(lax.stop_gradient(a))
+    return x[:n], jnp.where(first < n, first + 1, 0)  # LAPACK trtrs: info = i + 1
 
 
 def triangular_solve(
@@ -220,8 +268,12 @@ def triangular_solve(
     block_size: int | None = None,
     mesh: Mesh | None = None,
     axis_names: str | Sequence[str] | None = None,
+    check: bool = True,
 ) -> jax.Array:
     """Solves ``op(A) x = b`` for a distributed triangular A (left side), without gathering A.
+
+    Differentiable (reverse mode) in ``a`` and ``b``: the VJP solves with ``op(A)^T`` on the
+    same distributed storage; ``a``'s cotangent is masked to the triangle that is read.
 
     Args:
         a: (N, N) triangular matrix, any sharding; only the triangle named by ``lower`` is read.
@@ -233,12 +285,17 @@ def triangular_solve(
             when N < 32).
         mesh: the device mesh (default: ``a.sharding.mesh`` or ``jax.set_mesh``).
         axis_names: mesh axes to distribute over (default: all, flattened).
+        check: raise :class:`~shardkit.linalg.SingularMatrixError` when a diagonal entry of
+            the triangle is exactly zero or x is not finite (outside ``jit`` only; inside,
+            and with ``check=False``, x holds inf/NaN there, as in
+            ``jax.scipy.linalg.solve_triangular``).
 
     Returns:
         x with the shape of ``b``, replicated.
 
     Raises:
         ValueError: ``a`` is not square, ``b`` does not match it, or no mesh.
+        SingularMatrixError: ``check`` and the triangle is singular or x is not finite.
 
     Example:
         >>> x = triangular_solve(jnp.triu(a), b, lower=False, mesh=mesh)
@@ -250,5 +307,7 @@ def triangular_solve(
     block_size = block_size_for(block_size, a.shape[0])
     b2, shape = as_columns(b, a.shape[0], "b")
     mesh, axes = layout.resolve_mesh(a, mesh, axis_names, arg="a")
-    x = _tri_jit(a, b2, mesh, axes, block_size, lower, transpose, unit_diagonal)
+    x, info = _tri_jit(a, b2, mesh, axes, block_size, lower, transpose, unit_diagonal)
+    if check:
+        raise_if_singular_triangle(x, info, a.shape[0], "a")
     return x.reshape(shape)
