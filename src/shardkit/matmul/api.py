@@ -18,9 +18,17 @@ from shardkit.matmul.summa import build_summa
 __all__ = ["compile_matmul", "kernel", "matmul"]
 
 
+# Algorithms that add partial products across devices or steps: a bool product runs there as
+# int32 counts (exact up to 2^31 terms) and C is ``counts > 0``, jnp.matmul's bool result.
+_COUNTS_FOR_BOOL = ("reduce_scatter", "summa")
+
+
 @functools.lru_cache(maxsize=256)
 def kernel(L: MatmulLayout, method: Method, dtype: jnp.dtype):
     """The jitted ``(A, B) -> C`` for a fitted method; cached so repeated calls reuse it."""
+    if dtype == jnp.bool_ and method.algorithm in _COUNTS_FOR_BOOL:
+        counts = kernel(L, method, jnp.dtype(jnp.int32))
+        return jax.jit(lambda a, b: counts(a, b) > 0)
     if method.algorithm == "collective":
         return build_collective(L, method, dtype)
     if method.algorithm == "summa":
@@ -58,7 +66,9 @@ def matmul(
         bidirectional: for ``"collective"``: halves travel both ways round the ring.
 
     Returns:
-        C[M, N] with ``NamedSharding(mesh, out_spec)``, in the operands' result dtype.
+        C[M, N] with ``NamedSharding(mesh, out_spec)``, in the operands' result dtype (bool
+        for bool operands, as ``jnp.matmul``: True where some ``A[i, k] and B[k, j]``;
+        reduce_scatter and summa sum int32 counts then, moving 4 bytes per entry).
 
     Raises:
         MatmulLayoutError: inner dims differ, an operand is not 2-D, specs name unknown mesh
