@@ -22,6 +22,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
@@ -94,6 +95,20 @@ def _check_finite(a: jax.Array) -> None:
         )
 
 
+def _check_overflow(result: SlogdetResult, a: jax.Array) -> None:
+    """Raises when the LU of a finite matrix overflowed (element growth past the dtype's range),
+    outside `jit`: log|det| would be NaN or inf though the determinant is representable."""
+    logdet = float(result.logabsdet)
+    if np.isnan(logdet) or logdet == np.inf:
+        n = a.shape[0]
+        raise ShardkitValueError(
+            f"a: the LU factors of the ({n}, {n}) {a.dtype} matrix overflowed (element growth "
+            f"past {float(jnp.finfo(a.dtype).max):.1e}), so log|det| is {logdet}; numpy "
+            "computes float32 input in float64. Fix: pass a.astype(jnp.float64) with "
+            "jax.config.update('jax_enable_x64', True)."
+        )
+
+
 def slogdet(
     a: jax.Array | LUFactors,
     *,
@@ -116,7 +131,9 @@ def slogdet(
 
     Raises:
         ValueError, TypeError: as :func:`~shardkit.linalg.lu` for a bad matrix; ValueError
-            for inf or NaN entries outside ``jit`` (inside, the result is NaN).
+            for inf or NaN entries, or when the LU overflows the dtype (element growth, e.g.
+            Wilkinson's matrix at N = 256 in float32: use float64), outside ``jit``
+            (inside, the result is NaN or inf).
 
     Example:
         >>> sign, logdet = slogdet(a, mesh=jax.make_mesh((8,), ("x",)))
@@ -127,7 +144,10 @@ def slogdet(
         _check_finite(a)
     f = a if isinstance(a, LUFactors) else lu(a, block_size=block_size, mesh=mesh,
                                               axis_names=axis_names, grid=grid)  # fmt: skip
-    return _slogdet_jit(f.lu, f.pivots, f.mesh, f.axis_names, f.block_size, f.grid)
+    result = _slogdet_jit(f.lu, f.pivots, f.mesh, f.axis_names, f.block_size, f.grid)
+    if not isinstance(a, LUFactors) and not isinstance(result.logabsdet, jax.core.Tracer):
+        _check_overflow(result, a)
+    return result
 
 
 def det(
