@@ -6,9 +6,8 @@ matrix is 1 MiB: no single device may hold it, so sharding it is the only way. B
 `jnp.linalg.solve` on the sharded matrix all-gathers it onto every device, so each device
 needs several times the whole matrix and the budget is blown. `shardkit.linalg.solve` keeps
 the matrix distributed: the audit (`shardkit.inspect`) of its compiled program shows per-device
-memory within the budget and no all-gather. Per-device memory is what XLA:CPU compiles, so it
-depends on the JAX version: JAX 0.12 keeps the local shard in two layouts inside the LU loop
-(one more 128 KiB copy than JAX 0.10); a line tagged ``[jax X.Y]`` holds on that version only.
+memory within the budget and no all-gather (per-device memory as XLA:CPU compiles it; the
+same on JAX 0.10 and 0.12).
 
     python examples/linalg_big_system.py
 
@@ -16,8 +15,7 @@ Expected output:
     A: float32[512, 512] = 1024 KiB, sharded P('x', None) over 8 devices: 128 KiB each
     budget per device: 640 KiB (the matrix alone is 1.6x the budget)
     jnp.linalg.solve: per-device memory 2182 KiB (17.0x shard), all-gathers 1, fits: False
-    shardkit solve  : per-device memory 490 KiB (3.8x shard), all-gathers 0, fits: True [jax 0.10]
-    shardkit solve  : per-device memory 618 KiB (4.8x shard), all-gathers 0, fits: True [jax 0.12]
+    shardkit solve  : per-device memory 496 KiB (3.9x shard), all-gathers 0, fits: True
     shardkit solve: relative residual < 1e-5: True, ||x - x_one_device|| / ||x|| < 1e-4: True
 """
 

@@ -3,21 +3,21 @@
 Algorithm (right-looking, blocked, 1-D column-block-cyclic; see ``layout``): for each column
 block ``j`` with first row ``r0 = j * nb``,
 
-1. the device that owns block ``j`` contributes its (N, nb) panel to one ``psum`` so that every
-   device holds the panel (N * nb words: the largest collective of the factorization);
-2. every device factors the panel rows ``r0:`` with LAPACK-style partial pivoting (the same
-   result everywhere, so the pivot search and the row swaps need no further messages: each
-   device owns whole columns);
+1. the device that owns block ``j`` factors its panel rows ``r0:`` with LAPACK's partial
+   pivoting (one ``getrf`` per step, not one per device: on CPU, concurrent LAPACK calls from
+   every device fight over the BLAS threads and cost 30x more) and forms ``L11^-1``;
+2. one ``psum`` hands every device the factored panel, ``L11^-1`` and the pivots together
+   ((N - r0 + nb + 1) x nb words, the other devices contributing zeros: the largest collective
+   of the factorization);
 3. every device swaps the pivot rows of its own columns (one gather and one scatter of 2 nb
-   rows), forms its block row of U with L11^-1, and updates its trailing columns with local
-   GEMMs, a column chunk at a time.
+   rows; each device owns whole columns, so swaps need no messages), forms its block row of U
+   with L11^-1, and updates its trailing columns with local GEMMs, a column chunk at a time.
 
-The steps run in a ``lax.fori_loop`` with dynamic slices, so per-device memory stays a small
-multiple of the local shard N^2 / P, and the compiled program holds one panel all-reduce inside
-the loop, one all-to-all to enter the layout, and never an all-gather of the matrix. With many
-steps per device the loop is split into 4 stages with static shrinking windows, so the local
-GEMMs cost about 1.4x the flops of an exact trailing update instead of 3x (computed from the
-window sizes: sum over stages of (1 - s/4)^2 / 4 = 0.47 of the full-window cost, against 1/3).
+The steps run in ``lax.fori_loop`` stages (up to 32) whose static windows ``a[j0 * nb:, ...]``
+shrink with the stage's first step, so the trailing GEMMs do close to the exact 2/3 N^3 / P
+flops per device while the compiled program stays one loop body per stage; per-device memory
+stays a small multiple of the local shard N^2 / P, and the program holds one panel all-reduce
+per stage body, one all-to-all to enter the layout, and never an all-gather of the matrix.
 
 Triangular solves with the factors run block by block in storage order: per block, one
 ``psum`` of an (nb, k) partial sum; the owner of the block solves its diagonal triangle; one
@@ -54,13 +54,14 @@ from shardkit.linalg.layout import (
     check_matrix,
     n_chunks,
     n_devices,
+    zeros_varying,
 )
 from shardkit.linalg.layout2d import check_grid, grid_orders
 from shardkit.placement import constrain
 
 __all__ = ["LUFactors", "SingularMatrixError", "lu"]
 
-_STAGES = 4  # static shrinking windows of the step loop (GEMM flops ~1.4x exact, not 3x)
+_STAGES = 32  # most static shrinking windows of the step loop (one per step up to 32 steps)
 
 
 class SingularMatrixError(ShardkitError, ValueError):
@@ -124,6 +125,20 @@ class LUFactors:
         return jnp.asarray(np.asarray(self.perm)[: self.n]), lower, jnp.triu(packed)
 
 
+def _factor_panel(panel, *, nb):
+    """LU of one (M, nb) panel, packed with what the other devices need into one buffer.
+
+    Returns an (M + nb + 1, nb) array: the packed panel factors, ``L11^-1`` (nb, nb) and the
+    pivots (as numbers of the panel's dtype; exact below 2^24 rows in float32).
+    """
+    lu_p, piv, _ = lax.linalg.lu(panel)
+    l11_inv = lax.linalg.triangular_solve(
+        lu_p[:nb, :nb], jnp.eye(nb, dtype=panel.dtype), left_side=True, lower=True,
+        unit_diagonal=True,
+    )  # fmt: skip
+    return jnp.concatenate([lu_p, l11_inv, piv.astype(panel.dtype)[None, :]], axis=0)
+
+
 def _lu_steps(a, ipiv, info, rhs, *, j0, j1, row0, col0, nb, p, axes, col_block):
     """Runs LU steps ``j0 <= j < j1`` in place on ``a``, touching only the static window
     ``a[row0:, col0:]`` for the panel and trailing update (row swaps span whole rows)."""
@@ -139,11 +154,21 @@ def _lu_steps(a, ipiv, info, rhs, *, j0, j1, row0, col0, nb, p, axes, col_block)
         lr0 = r0 - row0  # row offset of the panel inside the window
         mine = d == j % p
         kc = (j // p) * nb  # local column of block j on its owner
-        own = lax.dynamic_slice(a, (row0, kc), (m, nb))  # (M, nb)
-        panel = lax.psum(jnp.where(mine, own, 0), axes)  # (M, nb), the same on all devices
         below = (rows >= r0)[:, None]
-        rolled = jnp.roll(jnp.where(below, panel, 0), -lr0, axis=0)  # rows r0.. first
-        lu_p, piv, perm = lax.linalg.lu(rolled)  # piv, perm: relative to row r0
+        # Only the owner factors the panel (LAPACK, once per step, not once per device); one
+        # psum hands everyone the factors, L11^-1 and the pivots together.
+        own = lax.dynamic_slice(a, (row0, kc), (m, nb))  # (M, nb)
+        rolled = jnp.roll(jnp.where(below, own, 0), -lr0, axis=0)  # rows r0.. first
+        packed = lax.cond(
+            mine,
+            functools.partial(_factor_panel, nb=nb),
+            lambda x: zeros_varying((m + nb + 1, nb), x.dtype, axes),
+            rolled,
+        )
+        packed = lax.psum(packed, axes)  # (M + nb + 1, nb), the same on all devices
+        lu_p, l11_inv = packed[:m], packed[m : m + nb]
+        piv = packed[m + nb].astype(jnp.int32)  # relative to row r0
+        perm = lax.linalg.lu_pivots_to_permutation(piv, m)
         unrolled = jnp.roll(lu_p, lr0, axis=0)  # (M, nb)
         # Row interchanges of the whole local rows: the rows at r0 + t for t in
         # {0..nb-1} U {piv} receive the rows r0 + perm[t]; one gather and one scatter.
@@ -154,10 +179,6 @@ def _lu_steps(a, ipiv, info, rhs, *, j0, j1, row0, col0, nb, p, axes, col_block)
         a = lax.dynamic_update_slice(a, jnp.where(mine & below, unrolled, cur), (row0, kc))
         # U12 = L11^-1 A12 right of the panel and the trailing update, one column chunk at a
         # time so that the GEMM temporaries stay a fraction of the shard.
-        l11_inv = lax.linalg.triangular_solve(
-            lu_p[:nb, :nb], jnp.eye(nb, dtype=a.dtype), left_side=True, lower=True,
-            unit_diagonal=True,
-        )  # fmt: skip
         l21 = jnp.where((rows >= r0 + nb)[:, None], unrolled, 0)  # (M, nb)
 
         def update(c, a):
@@ -193,15 +214,16 @@ def lu_local(a, *, nb, p, axes, stages=None, rhs=None):
     """
     n_pad, kc = a.shape
     nblk = n_pad // nb
-    if stages is None:  # shrinking windows pay off only with many steps per device
-        stages = _STAGES if nblk >= _STAGES * p else 1
+    rhs = jnp.zeros((n_pad, 0), a.dtype) if rhs is None else rhs
+    if stages is None:
+        stages = min(nblk, _STAGES)
     d = lax.axis_index(axes)
     col_block = (jnp.arange(kc) // nb) * p + d  # global block of each local column
     ipiv = jnp.zeros((n_pad,), jnp.int32)
     info = jnp.zeros((), jnp.int32)
-    rhs = jnp.zeros((n_pad, 0), a.dtype) if rhs is None else rhs
-    # Stage boundaries in steps, aligned to P so all devices share one static column offset.
-    bounds = sorted({min(nblk, (nblk * s // stages) // p * p) for s in range(stages)} | {nblk})
+    # Stage boundaries in steps. A stage's column window starts at local block j0 // P on every
+    # device; the few columns there of blocks <= j are masked in the update.
+    bounds = sorted({nblk * s // stages for s in range(stages)} | {nblk})
     for j0, j1 in zip(bounds[:-1], bounds[1:], strict=True):
         a, ipiv, info, rhs = _lu_steps(
             a, ipiv, info, rhs, j0=j0, j1=j1, row0=j0 * nb, col0=(j0 // p) * nb,
@@ -244,8 +266,9 @@ def lu(
         a: (N, N) float32 or float64 matrix, any sharding (row-sharded ``P(axes, None)`` enters
             the layout with one all-to-all). N need not be a multiple of anything: the matrix is
             padded with an identity block to a multiple of ``block_size * P``.
-        block_size: panel width nb (default None: 32, or N when N < 32). Larger nb means
-            fewer, larger collectives.
+        block_size: panel width nb (default None: chosen from N and the device count, 32 to
+            256, see :func:`~shardkit.linalg.layout.block_size_for`). Larger nb means fewer,
+            larger collectives and local GEMMs, but a longer panel factorization per step.
         mesh: the device mesh (default: ``a.sharding.mesh`` or the mesh set by
             ``jax.set_mesh``); Auto and Explicit axis types both work.
         axis_names: mesh axes to distribute the columns over (default: all, flattened).
@@ -270,8 +293,8 @@ def lu(
     See also: :func:`lu_solve`, :func:`solve`, :func:`shardkit.linalg.det`.
     """
     check_matrix(a, "a")
-    block_size = block_size_for(block_size, a.shape[0])
     mesh, axes = layout.resolve_mesh(a, mesh, axis_names, arg="a")
+    block_size = block_size_for(block_size, a.shape[0], n_devices(mesh, axes))
     if grid is not None:
         grid = check_grid(mesh, grid)
         packed, perm, pivots, info = lu_grid_jit(a, mesh, grid, block_size)
