@@ -227,7 +227,8 @@ def cholesky(
     Args:
         a: (N, N) SPD float32 or float64 matrix, any sharding, any N (padded internally).
             Only the lower triangle is read.
-        block_size: panel width nb (default None: 32, or N when N < 32).
+        block_size: panel width nb (default None: chosen from N and the device count, 32 to
+            256, see :func:`~shardkit.linalg.layout.block_size_for`).
         mesh: the device mesh (default: ``a.sharding.mesh`` or ``jax.set_mesh``).
         axis_names: mesh axes to distribute the columns over (default: all, flattened).
         check: raise when A is not positive definite (outside ``jit`` only; inside, read
@@ -248,8 +249,8 @@ def cholesky(
     See also: :func:`cho_solve`, :func:`shardkit.linalg.lu`, :func:`shardkit.linalg.cg`.
     """
     check_matrix(a, "a")
-    block_size = block_size_for(block_size, a.shape[0])
     mesh, axes = layout.resolve_mesh(a, mesh, axis_names, arg="a")
+    block_size = block_size_for(block_size, a.shape[0], n_devices(mesh, axes))
     l, info = _cholesky_jit(a, mesh, axes, block_size)
     if check:
         _raise_if_not_spd(info, a.shape[0])

@@ -321,13 +321,25 @@ def check_matrix(a, arg: str) -> None:
         )
 
 
-def block_size_for(nb: int | None, n: int) -> int:
-    """The panel width for an N x N matrix: `nb` checked, or when None the default
-    (`DEFAULT_BLOCK_SIZE`) capped at N, so any N works without choosing one."""
-    if nb is None:
-        return max(1, min(DEFAULT_BLOCK_SIZE, n))
-    check_block_size(nb, n)
-    return nb
+def block_size_for(nb: int | None, n: int, p: int = 1) -> int:
+    """The panel width for an N x N matrix padded to a multiple of ``nb * p``.
+
+    ``nb`` is checked when given. When None, the widest of 256, 128, 64 and 32 that leaves at
+    least 16 column blocks and pads N no more than 3% beyond what 32 would (wider panels mean
+    fewer steps, so fewer collectives and larger local GEMMs), capped at N so any N works.
+
+    Example:
+        >>> block_size_for(None, 2048, 8), block_size_for(None, 2100, 8), block_size_for(None, 20)
+        (128, 32, 20)
+    """
+    if nb is not None:
+        check_block_size(nb, n)
+        return nb
+    least = padded_size(n, DEFAULT_BLOCK_SIZE, p)
+    for wide in (256, 128, 64):
+        if 16 * wide <= n and padded_size(n, wide, p) <= 1.03 * least:
+            return wide
+    return max(1, min(DEFAULT_BLOCK_SIZE, n))
 
 
 def check_block_size(nb: int, n: int) -> None:

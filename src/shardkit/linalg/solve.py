@@ -285,7 +285,8 @@ def solve(
     Args:
         a: (N, N) float32 or float64 matrix, any sharding; any N (padded internally).
         b: (N,) or (N, k) right-hand side(s), any sharding (replicated inside: N x k words).
-        block_size: panel width nb (default None: 32, or N when N < 32).
+        block_size: panel width nb (default None: chosen from N and the device count, 32 to
+            256, see :func:`~shardkit.linalg.layout.block_size_for`).
         mesh: the device mesh (default: ``a.sharding.mesh`` or ``jax.set_mesh``); Auto and
             Explicit axis types both work.
         axis_names: mesh axes to distribute over (default: all, flattened).
@@ -313,9 +314,9 @@ def solve(
     See also: :func:`lu_solve`, :func:`~shardkit.linalg.cg`, :func:`~shardkit.linalg.batched_solve`.
     """
     check_matrix(a, "a")
-    block_size = block_size_for(block_size, a.shape[0])
     b2, shape = as_columns(b, a.shape[0], "b")
     mesh, axes = layout.resolve_mesh(a, mesh, axis_names, arg="a")
+    block_size = block_size_for(block_size, a.shape[0], n_devices(mesh, axes))
     if grid is not None:
         x, info = _solve_grid(a, b2, mesh, check_grid(mesh, grid), block_size)
     else:

@@ -281,8 +281,8 @@ def triangular_solve(
         lower: True for lower triangular A, False for upper.
         transpose: solve with ``A.T`` instead of A.
         unit_diagonal: assume ones on the diagonal (the stored diagonal is ignored).
-        block_size: block size nb of the column-block-cyclic layout (default None: 32, or N
-            when N < 32).
+        block_size: block size nb of the column-block-cyclic layout (default None: chosen
+            from N, see :func:`~shardkit.linalg.layout.block_size_for`).
         mesh: the device mesh (default: ``a.sharding.mesh`` or ``jax.set_mesh``).
         axis_names: mesh axes to distribute over (default: all, flattened).
         check: raise :class:`~shardkit.linalg.SingularMatrixError` when a diagonal entry of
@@ -304,9 +304,9 @@ def triangular_solve(
     """
 
     check_matrix(a, "a")
-    block_size = block_size_for(block_size, a.shape[0])
     b2, shape = as_columns(b, a.shape[0], "b")
     mesh, axes = layout.resolve_mesh(a, mesh, axis_names, arg="a")
+    block_size = block_size_for(block_size, a.shape[0], n_devices(mesh, axes))
     x, info = _tri_jit(a, b2, mesh, axes, block_size, lower, transpose, unit_diagonal)
     if check:
         raise_if_singular_triangle(x, info, a.shape[0], "a")
