@@ -324,20 +324,22 @@ def check_matrix(a, arg: str) -> None:
 def block_size_for(nb: int | None, n: int, p: int = 1) -> int:
     """The panel width for an N x N matrix padded to a multiple of ``nb * p``.
 
-    ``nb`` is checked when given. When None, the widest of 256, 128, 64 and 32 that leaves at
-    least 16 column blocks and pads N no more than 3% beyond what 32 would (wider panels mean
-    fewer steps, so fewer collectives and larger local GEMMs), capped at N so any N works.
+    ``nb`` is checked when given. When None, the widest of 256, 128, 64 and 32 whose (N, nb)
+    panel is at most a quarter of a device's N^2 / p shard (``4 p nb <= N``: the factorization
+    holds a few panel-sized buffers, so per-device memory stays within 3 shards) and that pads
+    N no more than 3% beyond what 32 would; capped at N so any N works. Wider panels mean fewer
+    steps, so fewer collective rounds and larger local GEMMs.
 
     Example:
         >>> block_size_for(None, 2048, 8), block_size_for(None, 2100, 8), block_size_for(None, 20)
-        (128, 32, 20)
+        (64, 32, 20)
     """
     if nb is not None:
         check_block_size(nb, n)
         return nb
     least = padded_size(n, DEFAULT_BLOCK_SIZE, p)
     for wide in (256, 128, 64):
-        if 16 * wide <= n and padded_size(n, wide, p) <= 1.03 * least:
+        if 4 * p * wide <= n and padded_size(n, wide, p) <= 1.03 * least:
             return wide
     return max(1, min(DEFAULT_BLOCK_SIZE, n))
 
