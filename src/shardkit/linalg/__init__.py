@@ -4,6 +4,9 @@ Every routine keeps the matrix distributed (``jax.shard_map`` with explicit coll
 works on Auto and Explicit mesh axes; none all-gathers the matrix. See ``docs/linalg.md``.
 """
 
+from shardkit.linalg.batched import batched_det as batched_det
+from shardkit.linalg.batched import batched_lu as batched_lu
+from shardkit.linalg.batched import batched_slogdet as batched_slogdet
 from shardkit.linalg.batched import batched_solve as batched_solve
 from shardkit.linalg.cg import CGInfo as CGInfo
 from shardkit.linalg.cg import cg as cg
@@ -37,6 +40,9 @@ __all__ = [
     "det",
     "slogdet",
     "CGInfo",
+    "batched_det",
+    "batched_lu",
+    "batched_slogdet",
     "batched_solve",
     "block_cyclic_2d_orders",
     "cg",
