@@ -38,6 +38,7 @@ from shardkit.linalg.layout import (
     check_matrix,
     n_chunks,
     n_devices,
+    zeros_varying,
 )
 from shardkit.linalg.triangular import (
     as_columns,
@@ -88,6 +89,15 @@ class CholeskyFactors:
         return jnp.tril(jnp.asarray(np.asarray(natural)[: self.n, : self.n]))
 
 
+def _factor_panel(panel, *, r0, nb):
+    """The factored (Np, nb) panel: L11 = chol(A11) at rows r0.., L21 = A21 L11^-T below, zeros
+    above (the rows above r0 of ``panel`` must be zero)."""
+    a11 = lax.dynamic_slice_in_dim(panel, r0, nb, axis=0)
+    l11 = jnp.tril(lax.linalg.cholesky(a11, symmetrize_input=False))  # lower triangle
+    l_panel = lax.linalg.triangular_solve(l11, panel, left_side=False, lower=True, transpose_a=True)
+    return lax.dynamic_update_slice_in_dim(l_panel, l11, r0, axis=0)  # exact L11
+
+
 def cholesky_local(a, *, nb, p, axes):
     """Inside ``shard_map``: factors local cyclic columns (Np, Np/P) of an SPD matrix."""
     n_pad, kc = a.shape
@@ -99,6 +109,9 @@ def cholesky_local(a, *, nb, p, axes):
     chunks = n_chunks(kc // nb)
     cw = kc // chunks
 
+    def skip(panel):  # what the devices that do not own the panel contribute to its psum
+        return zeros_varying(panel.shape, panel.dtype, axes)
+
     def step(j, carry):
         a, info = carry
         r0 = j * nb
@@ -106,13 +119,11 @@ def cholesky_local(a, *, nb, p, axes):
         kc0 = (j // p) * nb
         own = lax.dynamic_slice_in_dim(a, kc0, nb, axis=1)  # (Np, nb)
         below = (rows >= r0)[:, None]
-        panel = lax.psum(jnp.where(mine & below, own, 0), axes)  # (Np, nb), replicated
-        a11 = lax.dynamic_slice_in_dim(panel, r0, nb, axis=0)
-        l11 = jnp.tril(lax.linalg.cholesky(a11, symmetrize_input=False))  # lower triangle
-        l_panel = lax.linalg.triangular_solve(  # A[r0:, j] L11^-T; rows above r0 are zero
-            l11, panel, left_side=False, lower=True, transpose_a=True
-        )
-        l_panel = lax.dynamic_update_slice_in_dim(l_panel, l11, r0, axis=0)  # exact L11
+        # Only the owner calls LAPACK (potrf + trsm; concurrent calls from every device fight
+        # over the BLAS threads on CPU); one psum hands everyone the factored panel.
+        factor = functools.partial(_factor_panel, r0=r0, nb=nb)
+        l_panel = lax.psum(lax.cond(mine, factor, skip, jnp.where(below, own, 0)), axes)
+        l11 = lax.dynamic_slice_in_dim(l_panel, r0, nb, axis=0)
         cur = lax.dynamic_slice_in_dim(a, kc0, nb, axis=1)
         a = lax.dynamic_update_slice_in_dim(a, jnp.where(mine & below, l_panel, cur), kc0, 1)
         l21 = jnp.where((rows >= r0 + nb)[:, None], l_panel, 0)  # (Np, nb)
