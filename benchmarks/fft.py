@@ -1,21 +1,24 @@
 """Distributed 3-D FFT: shardkit pencil/slab vs sharded and single-device `jnp.fft.fftn`.
 
 Runs on 8 simulated CPU devices (Auto mesh axes, the only kind jaxDecomp compiles on) and prints,
-per size and mesh, side by side in one run: each method's best time over interleaved rounds,
+per size and mesh, side by side in one run: each method's median time over interleaved rounds,
 the speed-up over the sharded `jnp.fft` call it replaces (jnp/this), the time relative to jaxDecomp
-(this/jaxdecomp, <= 1.0 means at least as fast), the collectives in the compiled program, and
-the per-device temporaries as a multiple of the local shard L. jaxDecomp's pure-JAX backend is
-included when `import jaxdecomp` works (`pip install jaxdecomp`). Simulated devices share the
-CPU cores, so only ratios within one run mean anything.
+and to the one-device `jnp.fft.fftn` (this/jaxdecomp and this/1dev: the median of the per-round
+ratios, with their spread, the 10th to 90th percentile, in brackets; <= 1.0 means at least as
+fast), the collectives in the compiled program, and the per-device temporaries as a multiple of
+the local shard L. jaxDecomp's pure-JAX backend is included when `import jaxdecomp` works
+(`pip install jaxdecomp`). Simulated devices share the CPU cores, so only ratios within one run
+mean anything; the per-round ratios cancel load that hits both methods of a round alike.
 
-    python benchmarks/fft.py            # 64^3 and 128^3
-    python benchmarks/fft.py --big      # also 256^3
+    python benchmarks/fft.py                    # 64^3 and 128^3
+    python benchmarks/fft.py --big              # also 256^3
+    python benchmarks/fft.py --sizes 128 256 --meshes 2x4 --rounds 21
 """
 
 from __future__ import annotations
 
+import argparse
 import os
-import sys
 import time
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -41,8 +44,8 @@ ROUNDS = 9
 
 
 def _interleaved_ms(fns: dict, args: dict, rounds: int = ROUNDS) -> dict:
-    """Best ms of each function over interleaved rounds (load changes hit all alike; the best
-    round is the one least disturbed by other processes sharing the cores)."""
+    """Per-round ms of each function over interleaved rounds (each round runs every function
+    once, so a change of load hits the methods of one round alike)."""
     for name, fn in fns.items():
         jax.block_until_ready(fn(args[name]))  # compile and warm up
     times = {name: [] for name in fns}
@@ -50,8 +53,17 @@ def _interleaved_ms(fns: dict, args: dict, rounds: int = ROUNDS) -> dict:
         for name, fn in fns.items():
             t0 = time.perf_counter()
             jax.block_until_ready(fn(args[name]))
-            times[name].append(time.perf_counter() - t0)
-    return {name: 1e3 * min(t) for name, t in times.items()}
+            times[name].append(1e3 * (time.perf_counter() - t0))
+    return {name: np.array(t) for name, t in times.items()}
+
+
+def _ratio(times: np.ndarray, base: np.ndarray | None) -> str:
+    """Median of the per-round ratios times / base, and their 10th-90th percentile spread."""
+    if base is None:
+        return "-"
+    r = times / base
+    lo, mid, hi = np.percentile(r, [10, 50, 90])
+    return f"{mid:.2f} [{lo:.2f}-{hi:.2f}]"
 
 
 def _audit(fn, x, local_bytes):
@@ -69,7 +81,7 @@ def _audit(fn, x, local_bytes):
     return text, temp
 
 
-def run(n: int, mesh_shape: tuple[int, int]) -> None:
+def run(n: int, mesh_shape: tuple[int, int], rounds: int) -> None:
     mesh = jax.make_mesh(mesh_shape, ("x", "y"), axis_types=(AxisType.Auto,) * 2)
     kind = "pencil" if min(mesh_shape) > 1 else "slab"
     spec = P("x", "y")  # inside jit on Auto axes the spec cannot be read from a traced value
@@ -103,7 +115,8 @@ def run(n: int, mesh_shape: tuple[int, int]) -> None:
     }
     args = {name: arg for name, (_, arg, _) in methods.items()}
     refs = {"fftn": np.fft.fftn(np.asarray(host)), "rfftn": np.fft.rfftn(np.asarray(real_host))}
-    times = _interleaved_ms(fns, args)
+    rounds_ms = _interleaved_ms(fns, args, rounds)
+    times = {name: float(np.median(t)) for name, t in rounds_ms.items()}
     audits = {}
     for name, fn in fns.items():
         ref = refs[methods[name][2]]
@@ -116,30 +129,48 @@ def run(n: int, mesh_shape: tuple[int, int]) -> None:
             out = np.moveaxis(out, -1, 0)
         audits[name] += (float(np.linalg.norm(out - ref) / np.linalg.norm(ref)),)
     base = {"fftn": times["jnp.fft.fftn, sharded"], "rfftn": times["jnp.fft.rfftn, sharded (real)"]}
-    t_jd = times.get("jaxdecomp pfft3d (JAX)")
-    print(f"\n{n}^3 complex64, mesh {mesh_shape} ({kind}), L = {local / 2**20:.2f} MiB per device")
-    head = f"  {'method':32s} {'ms':>8s} {'jnp/this':>8s} {'this/jaxdecomp':>14s}"
-    print(f"{head}  {'collectives':14s} {'temp/L':>7s} {'rel.err':>8s}")
+    t_jd = rounds_ms.get("jaxdecomp pfft3d (JAX)")
+    t_one = rounds_ms["jnp.fft.fftn, 1 device"]
+    print(
+        f"\n{n}^3 complex64, mesh {mesh_shape} ({kind}), L = {local / 2**20:.2f} MiB per device, "
+        f"median of {rounds} interleaved rounds"
+    )
+    head = f"  {'method':32s} {'ms':>7s} {'jnp/this':>8s} {'this/jaxdecomp':>16s}"
+    print(f"{head} {'this/1dev':>16s}  {'collectives':14s} {'temp/L':>6s} {'rel.err':>8s}")
     for name, t in times.items():
         coll, temp, err = audits[name]
         real = methods[name][2] == "rfftn"
-        vs_jd = f"{t / t_jd:14.2f}" if t_jd and not real else f"{'-':>14s}"
+        vs_jd = _ratio(rounds_ms[name], None if real else t_jd)
+        vs_one = _ratio(rounds_ms[name], None if real else t_one)
         speedup = base[methods[name][2]] / t
-        print(f"  {name:32s} {t:8.1f} {speedup:8.2f} {vs_jd}  {coll:14s} {temp:7.2f} {err:8.1e}")
+        print(
+            f"  {name:32s} {t:7.1f} {speedup:8.2f} {vs_jd:>16s} {vs_one:>16s}  {coll:14s} "
+            f"{temp:6.2f} {err:8.1e}"
+        )
 
 
 def main() -> None:
-    sizes = [64, 128] + ([256] if "--big" in sys.argv else [])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--big", action="store_true", help="add 256^3 to the default sizes")
+    parser.add_argument("--sizes", type=int, nargs="+", help="grid sizes n (n^3), e.g. 128 256")
+    parser.add_argument(
+        "--meshes", nargs="+", default=["2x4", "4x2", "8x1"], help="meshes, e.g. 2x4 8x1"
+    )
+    parser.add_argument("--rounds", type=int, default=ROUNDS, help="interleaved rounds")
+    opts = parser.parse_args()
+    sizes = opts.sizes or [64, 128] + ([256] if opts.big else [])
+    meshes = [tuple(int(s) for s in m.split("x")) for m in opts.meshes]
     print(
         f"jax {jax.__version__}, {jax.device_count()} devices ({jax.default_backend()}), "
         f"jaxdecomp {'not installed' if jaxdecomp is None else jaxdecomp.__version__}"
     )
     print("jnp/this: speed-up over the sharded jnp.fft call it replaces (fftn, or rfftn for real")
     print("input); this/jaxdecomp: time over jaxDecomp's (same output layout as 'transposed');")
-    print("temp/L: per-device temporaries over the complex local shard L.")
+    print("this/1dev: time over the one-device jnp.fft.fftn; both as the median [10th-90th")
+    print("percentile] of per-round ratios; temp/L: per-device temporaries over the local shard L.")
     for n in sizes:
-        for mesh_shape in [(2, 4), (4, 2), (8, 1)]:
-            run(n, mesh_shape)
+        for mesh_shape in meshes:
+            run(n, mesh_shape, opts.rounds)
 
 
 if __name__ == "__main__":
