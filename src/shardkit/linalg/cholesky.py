@@ -31,7 +31,7 @@ from jax import lax
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
-from shardkit.errors import ShardkitError
+from shardkit.errors import ShardkitError, ShardkitTypeError
 from shardkit.linalg import layout
 from shardkit.linalg.layout import (
     block_size_for,
@@ -94,7 +94,9 @@ def _factor_panel(panel, *, r0, nb):
     above (the rows above r0 of ``panel`` must be zero)."""
     a11 = lax.dynamic_slice_in_dim(panel, r0, nb, axis=0)
     l11 = jnp.tril(lax.linalg.cholesky(a11, symmetrize_input=False))  # lower triangle
-    l_panel = lax.linalg.triangular_solve(l11, panel, left_side=False, lower=True, transpose_a=True)
+    l_panel = lax.linalg.triangular_solve(  # A21 L11^-H (^-T for real matrices)
+        l11, panel, left_side=False, lower=True, transpose_a=True, conjugate_a=True
+    )
     return lax.dynamic_update_slice_in_dim(l_panel, l11, r0, axis=0)  # exact L11
 
 
@@ -132,11 +134,11 @@ def cholesky_local(a, *, nb, p, axes):
             cols = lax.dynamic_slice_in_dim(a, c * cw, cw, axis=1)  # (Np, cw)
             g = lax.dynamic_slice_in_dim(gcol, c * cw, cw)
             right = (g >= r0 + nb)[None, :]
-            lt = jnp.where(right, jnp.take(l_panel, g, axis=0).T, 0)  # (nb, cw) rows of L21^T
+            lt = jnp.where(right, jnp.take(l_panel, g, axis=0).T.conj(), 0)  # (nb, cw): L21^H
             return lax.dynamic_update_slice_in_dim(a, cols - l21 @ lt, c * cw, axis=1)
 
         a = lax.fori_loop(0, chunks, update, a)
-        bad = ~jnp.isfinite(l11).all() | (jnp.diagonal(l11) <= 0).any()
+        bad = ~jnp.isfinite(l11).all() | (jnp.diagonal(l11).real <= 0).any()
         info = jnp.where((info == 0) & bad, jnp.asarray(r0 + 1, info.dtype), info)
         return a, info
 
@@ -160,7 +162,7 @@ def _cholesky_jit(a, mesh, axes, nb):
 
 def _cho_solve_local(l, b, *, nb, p, axes, keep):
     y = tri_solve_local(l, b, nb=nb, p=p, axes=axes, lower=True)  # L y = b
-    x = tri_solve_local(l, y, nb=nb, p=p, axes=axes, lower=True, transpose=True)  # L^T x = y
+    x = tri_solve_local(l, y, nb=nb, p=p, axes=axes, lower=True, transpose=True, conjugate=True)
     return (x, y) if keep else x
 
 
@@ -193,6 +195,11 @@ def _cho_adjoint_local(l, x_bar, x, y, *, nb, p, axes):
 
 def _cho_solve_padded_bwd(mesh, axes, nb, res, x_bar):
     l, x, y = res
+    if jnp.iscomplexobj(l):  # x depends on L and conj(L): the rule above is the real one
+        raise ShardkitTypeError(
+            f"cho_solve: gradients of a complex ({l.dtype}) Cholesky solve are not supported. "
+            "Fix: differentiate shardkit.linalg.solve(a, b) with the Hermitian matrix instead."
+        )
     f = functools.partial(_cho_adjoint_local, nb=nb, p=n_devices(mesh, axes), axes=axes)
     specs = (P(None, axes), P(), P(), P())
     return jax.shard_map(f, mesh=mesh, in_specs=specs, out_specs=(P(None, axes), P()))(
@@ -236,8 +243,9 @@ def cholesky(
     """Cholesky factorization ``A = L L^T`` of a distributed symmetric positive definite matrix.
 
     Args:
-        a: (N, N) SPD float32 or float64 matrix, any sharding, any N (padded internally).
-            Only the lower triangle is read.
+        a: (N, N) symmetric (real) or Hermitian (complex) positive definite matrix, float32,
+            float64, complex64 or complex128, any sharding, any N (padded internally). Only the
+            lower triangle is read; ``A = L L^H``.
         block_size: panel width nb (default None: chosen from N and the device count, 32 to
             256, see :func:`~shardkit.linalg.layout.block_size_for`).
         mesh: the device mesh (default: ``a.sharding.mesh`` or ``jax.set_mesh``).

@@ -46,10 +46,16 @@ def _diag_stats_local(a, *, nb, p, axes):
     col_block = (jnp.arange(kc) // nb) * p + lax.axis_index(axes)
     gcol = col_block * nb + jnp.arange(kc) % nb  # global column of each local column
     diag = a[gcol, jnp.arange(kc)]  # this device's entries of diag(U)
-    stats = jnp.stack(
-        [jnp.sum(jnp.log(jnp.abs(diag))), jnp.sum(diag < 0).astype(a.dtype), jnp.sum(diag == 0)]
-    )
-    return lax.psum(stats, axes)
+    return lax.psum(_stats(diag), axes)
+
+
+def _stats(diag):
+    """(sum log|d|, turn, zeros) of diagonal entries, in the real dtype: ``turn`` counts the
+    negative entries of a real diagonal and sums the complex entries' angles."""
+    real = jnp.finfo(diag.dtype).dtype
+    turn = jnp.sum(jnp.angle(diag)) if jnp.iscomplexobj(diag) else jnp.sum(diag < 0)
+    logs = jnp.sum(jnp.log(jnp.abs(diag)))
+    return jnp.stack([logs.astype(real), turn.astype(real), jnp.sum(diag == 0).astype(real)])
 
 
 def _diag_stats_grid_local(a, *, nb, pr, pc, grid):
@@ -57,11 +63,7 @@ def _diag_stats_grid_local(a, *, nb, pr, pc, grid):
     grow = global_index(m_loc, nb, pr, lax.axis_index(grid[0]))
     gcol = global_index(n_loc, nb, pc, lax.axis_index(grid[1]))
     on_diag = grow[:, None] == gcol[None, :]  # this device's entries of diag(U)
-    diag = jnp.where(on_diag, a, 1)
-    stats = jnp.stack(
-        [jnp.sum(jnp.log(jnp.abs(diag))), jnp.sum(diag < 0).astype(a.dtype), jnp.sum(diag == 0)]
-    )
-    return lax.psum(stats, grid)
+    return lax.psum(_stats(jnp.where(on_diag, a, 1)), grid)
 
 
 @functools.partial(jax.jit, static_argnames=("mesh", "axes", "nb", "grid"))
@@ -73,13 +75,16 @@ def _slogdet_jit(packed, pivots, mesh, axes, nb, grid):
         pr, pc = (mesh.shape[a] for a in grid)
         f = functools.partial(_diag_stats_grid_local, nb=nb, pr=pr, pc=pc, grid=grid)
         spec = P(*grid)
-    log_abs, negatives, zeros = jax.shard_map(f, mesh=mesh, in_specs=spec, out_specs=P())(packed)
+    log_abs, turn, zeros = jax.shard_map(f, mesh=mesh, in_specs=spec, out_specs=P())(packed)
     swaps = jnp.sum(pivots != jnp.arange(pivots.shape[0], dtype=pivots.dtype))
-    sign = jnp.where((swaps + negatives.astype(swaps.dtype)) % 2 == 0, 1, -1).astype(packed.dtype)
+    if jnp.iscomplexobj(packed):  # the product of the pivots' phases, one flip per swap
+        sign = jnp.where(swaps % 2 == 0, 1, -1) * jnp.exp(1j * turn)
+    else:
+        sign = jnp.where((swaps + turn.astype(swaps.dtype)) % 2 == 0, 1, -1)
     singular = zeros > 0
     return SlogdetResult(
         jnp.where(singular, 0, sign).astype(packed.dtype),
-        jnp.where(singular, -jnp.inf, log_abs).astype(packed.dtype),
+        jnp.where(singular, -jnp.inf, log_abs).astype(log_abs.dtype),
     )
 
 
@@ -89,7 +94,7 @@ def _check_finite(a: jax.Array) -> None:
     if not bool(finite.all()):
         i, j = (int(k) for k in jnp.unravel_index(jnp.argmin(finite), a.shape))
         raise ShardkitValueError(
-            f"a: the ({a.shape[0]}, {a.shape[1]}) matrix holds {float(a[i, j])} at [{i}, {j}]; "
+            f"a: the ({a.shape[0]}, {a.shape[1]}) matrix holds {a[i, j].item()} at [{i}, {j}]; "
             "its determinant is undefined; fix: replace the non-finite entries (inside jit, "
             "slogdet returns NaN for them, as jnp.linalg.slogdet does)."
         )

@@ -314,10 +314,10 @@ def check_matrix(a, arg: str) -> None:
             f"{arg}: expected a square matrix (N, N), got shape {shape}. "
             "Pass a 2-D square array; for a stack of systems (B, N, N) use batched_solve."
         )
-    if not jnp.issubdtype(a.dtype, jnp.floating):
+    if not jnp.issubdtype(a.dtype, jnp.inexact):
         raise ShardkitTypeError(
-            f"{arg}: expected a real floating dtype (float32 or float64), got {a.dtype}. "
-            f"Convert with {arg}.astype(jnp.float32)."
+            f"{arg}: expected a floating or complex dtype (float32, float64, complex64, "
+            f"complex128), got {a.dtype}. Convert with {arg}.astype(jnp.float32)."
         )
 
 

@@ -167,7 +167,7 @@ def _lu_steps(a, ipiv, info, rhs, *, j0, j1, row0, col0, nb, p, axes, col_block)
         )
         packed = lax.psum(packed, axes)  # (M + nb + 1, nb), the same on all devices
         lu_p, l11_inv = packed[:m], packed[m : m + nb]
-        piv = packed[m + nb].astype(jnp.int32)  # relative to row r0
+        piv = packed[m + nb].real.astype(jnp.int32)  # relative to row r0
         perm = lax.linalg.lu_pivots_to_permutation(piv, m)
         unrolled = jnp.roll(lu_p, lr0, axis=0)  # (M, nb)
         # Row interchanges of the whole local rows: the rows at r0 + t for t in
@@ -263,9 +263,10 @@ def lu(
     largest collective is an (N, nb) panel all-reduce per block.
 
     Args:
-        a: (N, N) float32 or float64 matrix, any sharding (row-sharded ``P(axes, None)`` enters
-            the layout with one all-to-all). N need not be a multiple of anything: the matrix is
-            padded with an identity block to a multiple of ``block_size * P``.
+        a: (N, N) float32, float64, complex64 or complex128 matrix, any sharding (row-sharded
+            ``P(axes, None)`` enters the layout with one all-to-all). N need not be a multiple
+            of anything: the matrix is padded with an identity block to a multiple of
+            ``block_size * P``.
         block_size: panel width nb (default None: chosen from N and the device count, 32 to
             256, see :func:`~shardkit.linalg.layout.block_size_for`). Larger nb means fewer,
             larger collectives and local GEMMs, but a longer panel factorization per step.
@@ -282,7 +283,7 @@ def lu(
 
     Raises:
         ValueError: ``a`` is not square, ``block_size`` is not in ``1..N``, or no mesh.
-        TypeError: ``a`` is not a real floating array.
+        TypeError: ``a`` is not a floating or complex array.
 
     Example:
         >>> f = lu(a, mesh=jax.make_mesh((8,), ("x",)))

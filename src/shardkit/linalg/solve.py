@@ -283,7 +283,8 @@ def solve(
     keeps A distributed (see :func:`~shardkit.linalg.lu` for the algorithm).
 
     Args:
-        a: (N, N) float32 or float64 matrix, any sharding; any N (padded internally).
+        a: (N, N) float32, float64, complex64 or complex128 matrix, any sharding; any N
+            (padded internally).
         b: (N,) or (N, k) right-hand side(s), any sharding (replicated inside: N x k words).
         block_size: panel width nb (default None: chosen from N and the device count, 32 to
             256, see :func:`~shardkit.linalg.layout.block_size_for`).
@@ -303,7 +304,7 @@ def solve(
     Raises:
         ValueError: ``a`` is not square, ``b`` does not match, ``block_size`` is not in
             ``1..N``, or no mesh.
-        TypeError: ``a`` is not a real floating array.
+        TypeError: ``a`` is not a floating or complex array.
         SingularMatrixError: ``check`` and the matrix is singular.
 
     Example:

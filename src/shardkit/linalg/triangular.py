@@ -49,18 +49,22 @@ from shardkit.placement import constrain
 __all__ = ["triangular_solve"]
 
 
-def _diag_solve(t_jj, rhs, *, lower, transpose, unit_diagonal):
+def _diag_solve(t_jj, rhs, *, lower, transpose, unit_diagonal, conjugate=False):
     """Solves with one (nb, nb) diagonal block, masking the other triangle explicitly."""
     t_jj = jnp.tril(t_jj) if lower else jnp.triu(t_jj)
     if unit_diagonal:
         t_jj = t_jj - jnp.diag(jnp.diagonal(t_jj)) + jnp.eye(t_jj.shape[0], dtype=t_jj.dtype)
     return lax.linalg.triangular_solve(
-        t_jj, rhs, left_side=True, lower=lower, transpose_a=transpose
+        t_jj, rhs, left_side=True, lower=lower, transpose_a=transpose, conjugate_a=conjugate
     )
 
 
-def tri_solve_local(a, b, *, nb, p, axes, lower, transpose=False, unit_diagonal=False):
+def tri_solve_local(
+    a, b, *, nb, p, axes, lower, transpose=False, unit_diagonal=False, conjugate=False
+):
     """Inside ``shard_map``: solves ``op(T) x = b`` with T in local cyclic columns (Np, Np/P).
+
+    ``op(T)`` is T, ``T^T`` (``transpose``) or ``T^H`` (``transpose`` and ``conjugate``).
 
     ``b`` is replicated (Np, k); returns the replicated (Np, k) solution. The triangle of T
     named by ``lower`` is used; the other entries of ``a`` are ignored (so packed LU storage
@@ -72,8 +76,9 @@ def tri_solve_local(a, b, *, nb, p, axes, lower, transpose=False, unit_diagonal=
     rows = jnp.arange(n_pad)[:, None]
     forward = lower != transpose  # the solve order over the blocks
     solve_diag = functools.partial(
-        _diag_solve, lower=lower, transpose=transpose, unit_diagonal=unit_diagonal
-    )
+        _diag_solve, lower=lower, transpose=transpose, unit_diagonal=unit_diagonal,
+        conjugate=conjugate,
+    )  # fmt: skip
 
     def block(t):
         j = t if forward else nblk - 1 - t
@@ -105,6 +110,7 @@ def tri_solve_local(a, b, *, nb, p, axes, lower, transpose=False, unit_diagonal=
 
     def step_t(t, x):
         j, r0, mine, col, t_jj, b_j, off_col = block(t)
+        off_col = off_col.conj() if conjugate else off_col
         s = off_col.T @ x  # (nb, k): contributions of the blocks solved so far
         x_j = lax.psum(owner_solve(mine, t_jj, b_j - s), axes)
         return lax.dynamic_update_slice_in_dim(x, x_j, r0, axis=0)
