@@ -159,10 +159,37 @@ def _lu_solve_padded_bwd(mesh, axes, nb, res, x_bar):
 _lu_solve_padded.defvjp(_lu_solve_padded_fwd, _lu_solve_padded_bwd)
 
 
-@functools.partial(jax.jit, static_argnames=("mesh", "axes", "nb"))
-def _lu_solve_jit(packed, perm, b, mesh, axes, nb):
+def _lu_solve_t_local(a, perm, b, *, nb, p, axes):
+    w, _ = _lu_adjoint_local(a, b, nb=nb, p=p, axes=axes)
+    return _unpermute(w, perm)  # A^T x = b: x = P^T L^-T U^-T b
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
+def _lu_solve_t_padded(packed, perm, b, mesh, axes, nb):
+    """``x = A^-T b`` with the cyclic LU storage of A; differentiating it raises."""
+    f = functools.partial(_lu_solve_t_local, nb=nb, p=n_devices(mesh, axes), axes=axes)
+    specs = (P(None, axes), P(), P())
+    return jax.shard_map(f, mesh=mesh, in_specs=specs, out_specs=P())(packed, perm, b)
+
+
+def _no_transposed_grad(*_):
+    raise ShardkitValueError(
+        "lu_solve: gradients through lu_solve(..., transpose=True) are not supported. Fix: "
+        "differentiate solve(a, b, transpose=True), which has them."
+    )
+
+
+_lu_solve_t_padded.defvjp(
+    lambda *args: (_lu_solve_t_padded(*args), None), lambda *args: _no_transposed_grad()
+)
+
+
+@functools.partial(jax.jit, static_argnames=("mesh", "axes", "nb", "transpose"))
+def _lu_solve_jit(packed, perm, b, mesh, axes, nb, transpose=False):
     n_pad = packed.shape[0]
     b = constrain(jnp.pad(b.astype(packed.dtype), ((0, n_pad - b.shape[0]), (0, 0))), mesh, P())
+    if transpose:
+        return _lu_solve_t_padded(packed, perm, b, mesh, axes, nb)
     return _lu_solve_padded(packed, perm, b, mesh, axes, nb)
 
 
@@ -228,12 +255,17 @@ def _raise_if_singular(x: jax.Array, info: jax.Array, n: int) -> None:
         )
 
 
-def lu_solve(factors: LUFactors, b: jax.Array, *, check: bool = True) -> jax.Array:
-    """Solves ``A x = b`` with distributed LU factors of A.
+def lu_solve(
+    factors: LUFactors, b: jax.Array, *, check: bool = True, transpose: bool = False
+) -> jax.Array:
+    """Solves ``A x = b`` (or ``A^T x = b``) with distributed LU factors of A.
 
     Args:
         factors: the result of :func:`~shardkit.linalg.lu`.
         b: (N,) or (N, k) right-hand side(s), any sharding (replicated inside: N x k words).
+        transpose: solve ``A^T x = b`` with the same factors (``U^T``, then ``L^T`` solves
+            and the inverse row permutation; not differentiable: differentiate
+            :func:`solve` with ``transpose=True``). 1-D factors only.
         check: raise when the factors say A is singular or x is not finite (skipped when
             traced inside ``jit``; read ``factors.info`` there).
 
@@ -251,14 +283,21 @@ def lu_solve(factors: LUFactors, b: jax.Array, *, check: bool = True) -> jax.Arr
     See also: :func:`solve`, :func:`~shardkit.linalg.lu`.
     """
     b2, shape = as_columns(b, factors.n, "b")
+    if transpose and factors.grid is not None:
+        raise ShardkitValueError(
+            "transpose: lu_solve(..., transpose=True) needs 1-D factors; these are on the 2-D "
+            f"grid {factors.grid}. Fix: factor without grid= (lu(a)), or use solve(a, b, "
+            "transpose=True, grid=...)."
+        )
     if factors.grid is not None:
         x = _lu_solve_grid(
             factors.lu, factors.perm, b2, factors.mesh, factors.grid, factors.block_size
         )
     else:
         x = _lu_solve_jit(
-            factors.lu, factors.perm, b2, factors.mesh, factors.axis_names, factors.block_size
-        )
+            factors.lu, factors.perm, b2, factors.mesh, factors.axis_names, factors.block_size,
+            transpose,
+        )  # fmt: skip
     x = x[: factors.n]
     if check:
         _raise_if_singular(x, factors.info, factors.n)
@@ -275,6 +314,7 @@ def solve(
     check: bool = True,
     return_info: bool = False,
     grid: tuple[str, str] | None = None,
+    transpose: bool = False,
 ) -> jax.Array | tuple[jax.Array, jax.Array]:
     """Solves ``A x = b`` for a distributed square matrix A with LU and partial pivoting.
 
@@ -297,6 +337,9 @@ def solve(
             the way to detect singular matrices inside ``jit``.
         grid: ``(row_axis, col_axis)``: use the 2-D block-cyclic LU over those two mesh axes
             (see :func:`~shardkit.linalg.lu`).
+        transpose: solve ``A^T x = b`` (``scipy.linalg.solve(..., transposed=True)``, ``trans=1``
+            of ``lu_solve``). A is transposed distributed (one all-to-all of its shard, never
+            gathered) and then factored; differentiable like the plain solve.
 
     Returns:
         x with the shape of ``b``, replicated; ``(x, info)`` when ``return_info``.
@@ -318,6 +361,8 @@ def solve(
     b2, shape = as_columns(b, a.shape[0], "b")
     mesh, axes = layout.resolve_mesh(a, mesh, axis_names, arg="a")
     block_size = block_size_for(block_size, a.shape[0], n_devices(mesh, axes))
+    if transpose:  # the layout change that follows moves the transposed shards (all-to-all)
+        a = a.T
     if grid is not None:
         x, info = _solve_grid(a, b2, mesh, check_grid(mesh, grid), block_size)
     else:
