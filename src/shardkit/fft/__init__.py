@@ -11,9 +11,7 @@ A 3-D transform of `x[X_a, Y_b, Z]` (dims X, Y sharded over mesh axes a, b):
     FFT Z -> all-to-all over b -> FFT Y -> all-to-all over a -> FFT X  ==  y[KX, KY_a, KZ_b]
 
 Two all-to-alls for a pencil (two mesh axes), one for a slab (one mesh axis). The inverse runs
-the steps backwards and returns the input layout exactly. When X divides by a * b the pencil
-instead gathers Y first (splitting X), runs one local 2-D FFT over Y and Z, and gathers X with
-one all-to-all over both mesh axes: same two all-to-alls and layouts, fewer local transposes.
+the steps backwards and returns the input layout exactly.
 
 Example:
     >>> import jax, jax.numpy as jnp, shardkit.fft as skfft

@@ -20,10 +20,6 @@ Locally every 1-D FFT runs over the trailing dim (XLA's FFT transforms minor dim
 along a middle dim adds a transpose on each side): after each all-to-all the block is rotated so
 the dim just gathered comes last. Two rotations end in the transposed layout; the natural layout
 costs one more local transpose.
-
-A 3-D pencil whose first FFT dim divides by a * b takes a cheaper route with the same layouts
-(`_pencil`): one all-to-all over b that splits X and gathers Y, a local 2-D FFT over Y and Z
-(no rotation), then one all-to-all over both mesh axes to `[X, Y_a, Z_b]` and the FFT over X.
 """
 
 from __future__ import annotations
@@ -38,7 +34,6 @@ from jaxtyping import Array, Complex, Num
 
 from shardkit.errors import ShardkitValueError
 from shardkit.fft import _layout as L
-from shardkit.fft import _pencil
 from shardkit.fft import _vmap as V
 
 
@@ -123,14 +118,6 @@ def _c2c(x, *, mesh, entries, k, inverse, layout, norm, dtype):
     in_spec = P(*entries)
     out_spec = P(*natural_entries(entries, k)) if layout == "natural" else in_spec
     x = x.astype(dtype)
-    nb = len(entries) - k
-    axes = tuple(entries[nb : nb + 2])
-    sizes = tuple(L.entry_size(e, mesh_shape) for e in axes)
-    if _pencil.usable(_input_shape(x.shape, k, layout) if inverse else x.shape, k, sizes):
-        body = _pencil.inverse if inverse else _pencil.forward
-        run = functools.partial(body, axes=axes, sizes=sizes, layout=layout, norm=norm)
-        specs = (out_spec, in_spec) if inverse else (in_spec, out_spec)
-        return jax.shard_map(run, mesh=mesh, in_specs=specs[0], out_specs=specs[1])(x)
 
     natural = list(range(k))
     rolled = natural[1:] + natural[:1]  # [..., Y_a, Z_b, X]: the transposed layout
@@ -149,11 +136,6 @@ def _c2c(x, *, mesh, entries, k, inverse, layout, norm, dtype):
     if inverse:
         return jax.shard_map(inverse_, mesh=mesh, in_specs=out_spec, out_specs=in_spec)(x)
     return jax.shard_map(forward, mesh=mesh, in_specs=in_spec, out_specs=out_spec)(x)
-
-
-def _input_shape(shape: tuple, k: int, layout: str) -> tuple:
-    """The global shape of the forward input whose spectrum in `layout` has `shape`."""
-    return tuple(shape) if layout == "natural" else roll(tuple(shape), k, -1)
 
 
 def _check_splits(shape: tuple, entries: tuple, k: int, mesh, fname: str) -> None:
