@@ -184,8 +184,8 @@ def test_compiled_solve_has_no_all_gather_and_small_collectives(kind, axis_type)
     assert counts["all-gather"] == 0
     assert counts["all-to-all"] == 1  # entering the layout, once per block column (in a loop)
     assert counts["all-reduce"] >= 3  # panel broadcasts and the substitutions
-    sizes = _collective_sizes(hlo)  # at most a panel with its L11^-1 and pivot row
-    assert sizes and all(s <= max((n + nb + 1) * nb, n) for _, s in sizes), sizes
+    sizes = _collective_sizes(hlo)  # at most a panel with L11^-1 and 3 index rows
+    assert sizes and all(s <= max((n + nb + 3) * nb, n) for _, s in sizes), sizes
 
 
 def _branch_computations(hlo):
@@ -280,7 +280,7 @@ def test_bad_inputs_raise_clear_errors():
         sl.lu(a, mesh=mesh, block_size=128)
     with pytest.raises(ValueError, match="block_size: must be a positive int"):
         sl.lu(a, mesh=mesh, block_size=0)
-    with pytest.raises(TypeError, match="a: expected a real floating dtype"):
+    with pytest.raises(TypeError, match="a: expected a floating or complex dtype"):
         sl.lu(jnp.ones((64, 64), jnp.int32), mesh=mesh)
     with pytest.raises(ValueError, match="a: no mesh found"):
         sl.solve(np.asarray(a), b)

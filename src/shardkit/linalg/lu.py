@@ -7,7 +7,7 @@ block ``j`` with first row ``r0 = j * nb``,
    pivoting (one ``getrf`` per step, not one per device: on CPU, concurrent LAPACK calls from
    every device fight over the BLAS threads and cost 30x more) and forms ``L11^-1``;
 2. one ``psum`` hands every device the factored panel, ``L11^-1`` and the pivots together
-   ((N - r0 + nb + 1) x nb words, the other devices contributing zeros: the largest collective
+   ((N - r0 + nb + 3) x nb words, the other devices contributing zeros: the largest collective
    of the factorization);
 3. every device swaps the pivot rows of its own columns (one gather and one scatter of 2 nb
    rows; each device owns whole columns, so swaps need no messages), forms its block row of U
@@ -128,15 +128,19 @@ class LUFactors:
 def _factor_panel(panel, *, nb):
     """LU of one (M, nb) panel, packed with what the other devices need into one buffer.
 
-    Returns an (M + nb + 1, nb) array: the packed panel factors, ``L11^-1`` (nb, nb) and the
-    pivots (as numbers of the panel's dtype; exact below 2^24 rows in float32).
+    Returns an (M + nb + 3, nb) array: the packed panel factors, ``L11^-1`` (nb, nb), the
+    pivots and the source rows ``perm[t]`` of the interchanges (2 rows) for
+    ``t = [0..nb) ++ pivots``, the indices as numbers of the panel's dtype (exact below 2^24
+    rows in float32), so no other device runs the pivots-to-permutation loop.
     """
-    lu_p, piv, _ = lax.linalg.lu(panel)
+    lu_p, piv, perm = lax.linalg.lu(panel)
     l11_inv = lax.linalg.triangular_solve(
         lu_p[:nb, :nb], jnp.eye(nb, dtype=panel.dtype), left_side=True, lower=True,
         unit_diagonal=True,
     )  # fmt: skip
-    return jnp.concatenate([lu_p, l11_inv, piv.astype(panel.dtype)[None, :]], axis=0)
+    src = perm[jnp.concatenate([jnp.arange(nb), piv])].reshape(2, nb)
+    indices = jnp.concatenate([piv[None, :], src], axis=0).astype(panel.dtype)
+    return jnp.concatenate([lu_p, l11_inv, indices], axis=0)
 
 
 def _lu_steps(a, ipiv, info, rhs, *, j0, j1, row0, col0, nb, p, axes, col_block):
@@ -162,18 +166,18 @@ def _lu_steps(a, ipiv, info, rhs, *, j0, j1, row0, col0, nb, p, axes, col_block)
         packed = lax.cond(
             mine,
             functools.partial(_factor_panel, nb=nb),
-            lambda x: zeros_varying((m + nb + 1, nb), x.dtype, axes),
+            lambda x: zeros_varying((m + nb + 3, nb), x.dtype, axes),
             rolled,
         )
         packed = lax.psum(packed, axes)  # (M + nb + 1, nb), the same on all devices
         lu_p, l11_inv = packed[:m], packed[m : m + nb]
-        piv = packed[m + nb].real.astype(jnp.int32)  # relative to row r0
-        perm = lax.linalg.lu_pivots_to_permutation(piv, m)
+        indices = packed[m + nb :].real.astype(jnp.int32)  # relative to row r0
+        piv, src = indices[0], indices[1:].reshape(-1)
         unrolled = jnp.roll(lu_p, lr0, axis=0)  # (M, nb)
         # Row interchanges of the whole local rows: the rows at r0 + t for t in
-        # {0..nb-1} U {piv} receive the rows r0 + perm[t]; one gather and one scatter.
+        # {0..nb-1} U {piv} receive the rows r0 + src; one gather and one scatter.
         t = jnp.concatenate([jnp.arange(nb), piv])  # (2 nb,)
-        a = a.at[r0 + t].set(a[r0 + perm[t]], unique_indices=False)
+        a = a.at[r0 + t].set(a[r0 + src], unique_indices=False)
         # The owner's panel columns become the factored panel (rows above r0 keep U).
         cur = lax.dynamic_slice(a, (row0, kc), (m, nb))
         a = lax.dynamic_update_slice(a, jnp.where(mine & below, unrolled, cur), (row0, kc))
@@ -193,7 +197,7 @@ def _lu_steps(a, ipiv, info, rhs, *, j0, j1, row0, col0, nb, p, axes, col_block)
         a = lax.fori_loop(0, chunks, update, a)
         # Forward substitution on the replicated right-hand sides rides along: the panel
         # (L11, L21) is on every device, so y = L^-1 P b costs no messages.
-        rhs = rhs.at[r0 + t].set(rhs[r0 + perm[t]], unique_indices=False)
+        rhs = rhs.at[r0 + t].set(rhs[r0 + src], unique_indices=False)
         y = l11_inv @ lax.dynamic_slice_in_dim(rhs, r0, nb, axis=0)  # (nb, k)
         rhs = lax.dynamic_update_slice_in_dim(rhs, y, r0, axis=0)
         rhs = rhs.at[row0:].add(-(l21 @ y))
