@@ -17,7 +17,14 @@ from typing import Any
 # JAX is imported inside the functions that need it, so `shardkit --version` (which only reads
 # installed-package metadata) answers without starting JAX.
 
-__all__ = ["backend_started", "distributed_client", "scan_parts", "version_line", "versions"]
+__all__ = [
+    "backend_started",
+    "distributed_client",
+    "is_vmap_mapped",
+    "scan_parts",
+    "version_line",
+    "versions",
+]
 
 
 def backend_started() -> bool:
@@ -48,6 +55,17 @@ def distributed_client() -> Any | None:
     from jax._src import distributed  # private: the key-value client has no public accessor
 
     return distributed.global_state.client
+
+
+def is_vmap_mapped(x: Any) -> bool:
+    """Whether ``x`` is a value the innermost ``jax.vmap`` maps over a dim.
+
+    JAX 0.10.2–0.12 have no public query for "is this a vmap tracer"; shardkit's FFTs need it to
+    run a batch-sharded transform once on the whole batch.
+    """
+    from jax._src.interpreters import batching  # private: no public vmap-tracer query
+
+    return isinstance(x, batching.BatchTracer) and x.batch_dim is not None
 
 
 def scan_parts(params: dict) -> tuple[int, int, Any, tuple]:

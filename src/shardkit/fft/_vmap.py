@@ -23,9 +23,9 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-from jax._src.interpreters import batching  # private: JAX has no public "a vmap tracer?" query
 from jax.sharding import PartitionSpec as P
 
+from shardkit.compat import is_vmap_mapped
 from shardkit.fft import _layout as L
 
 Run = Callable[..., jax.Array]  # run(x, spec=..., mesh=...): a transform with its options bound
@@ -33,7 +33,7 @@ Run = Callable[..., jax.Array]  # run(x, spec=..., mesh=...): a transform with i
 
 def is_mapped(x: Any) -> bool:
     """Whether `x` is a value that the innermost `jax.vmap` maps over a dim."""
-    return isinstance(x, batching.BatchTracer) and x.batch_dim is not None
+    return is_vmap_mapped(x)
 
 
 def _batch_entry(x: Any) -> L.Entry:
