@@ -160,7 +160,7 @@ def _lu_steps(a, ipiv, info, rhs, *, j0, j1, row0, col0, nb, p, axes, col_block)
         kc = (j // p) * nb  # local column of block j on its owner
         below = (rows >= r0)[:, None]
         # Only the owner factors the panel (LAPACK, once per step, not once per device); one
-        # psum hands everyone the factors, L11^-1 and the pivots together.
+        # psum hands everyone the factors, L11^-1, the pivots and the interchanges together.
         own = lax.dynamic_slice(a, (row0, kc), (m, nb))  # (M, nb)
         rolled = jnp.roll(jnp.where(below, own, 0), -lr0, axis=0)  # rows r0.. first
         packed = lax.cond(
@@ -169,7 +169,7 @@ def _lu_steps(a, ipiv, info, rhs, *, j0, j1, row0, col0, nb, p, axes, col_block)
             lambda x: zeros_varying((m + nb + 3, nb), x.dtype, axes),
             rolled,
         )
-        packed = lax.psum(packed, axes)  # (M + nb + 1, nb), the same on all devices
+        packed = lax.psum(packed, axes)  # (M + nb + 3, nb), the same on all devices
         lu_p, l11_inv = packed[:m], packed[m : m + nb]
         indices = packed[m + nb :].real.astype(jnp.int32)  # relative to row r0
         piv, src = indices[0], indices[1:].reshape(-1)
