@@ -25,10 +25,10 @@ from jax import lax
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
-from shardkit.errors import ShardkitTypeError, ShardkitValueError
+from shardkit.errors import ShardkitValueError
 from shardkit.linalg import layout
 from shardkit.linalg.det import SlogdetResult
-from shardkit.linalg.layout import n_devices
+from shardkit.linalg.layout import check_dtype, n_devices
 from shardkit.linalg.lu import SingularMatrixError
 from shardkit.placement import constrain
 
@@ -57,11 +57,6 @@ def _check_stack(a_stack, *, square: bool = True) -> tuple[int, ...]:
         raise ShardkitValueError(
             f"a_stack: expected a stack of {kind}, got shape {shape}. For one large matrix "
             "use the shardkit.linalg function without the batched_ prefix."
-        )
-    if not jnp.issubdtype(a_stack.dtype, jnp.inexact):
-        raise ShardkitTypeError(
-            f"a_stack: expected a floating or complex dtype, got {a_stack.dtype}. Convert with "
-            "a_stack.astype(jnp.float32)."
         )
     return shape
 
@@ -124,6 +119,7 @@ def batched_slogdet(
     See also: :func:`batched_det`, :func:`shardkit.linalg.slogdet` for one large matrix.
     """
     _check_stack(a_stack)
+    check_dtype(a_stack, "a_stack")
     mesh, axes = _batch_axes(a_stack, mesh, axis_names)
     return SlogdetResult(*_slogdet_jit(a_stack, mesh, axes))
 
@@ -180,6 +176,7 @@ def batched_lu(
     See also: :func:`shardkit.linalg.lu` for one large square matrix.
     """
     _check_stack(a_stack, square=False)
+    check_dtype(a_stack, "a_stack")
     mesh, axes = _batch_axes(a_stack, mesh, axis_names)
     return _lu_jit(a_stack, mesh, axes)
 

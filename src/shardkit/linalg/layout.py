@@ -314,6 +314,11 @@ def check_matrix(a, arg: str) -> None:
             f"{arg}: expected a square matrix (N, N), got shape {shape}. "
             "Pass a 2-D square array; for a stack of systems (B, N, N) use batched_solve."
         )
+    check_dtype(a, arg)
+
+
+def check_dtype(a, arg: str) -> None:
+    """Raises TypeError unless ``a`` is floating or complex (what LAPACK factors)."""
     if not jnp.issubdtype(a.dtype, jnp.inexact):
         raise ShardkitTypeError(
             f"{arg}: expected a floating or complex dtype (float32, float64, complex64, "

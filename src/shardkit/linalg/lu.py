@@ -59,13 +59,32 @@ from shardkit.linalg.layout import (
 from shardkit.linalg.layout2d import check_grid, grid_orders
 from shardkit.placement import constrain
 
-__all__ = ["LUFactors", "SingularMatrixError", "lu"]
+__all__ = ["LUFactors", "SingularMatrixError", "lu", "raise_if_singular"]
 
 _STAGES = 32  # most static shrinking windows of the step loop (one per step up to 32 steps)
 
 
 class SingularMatrixError(ShardkitError, ValueError):
     """An exactly zero pivot was met: the matrix is singular (in working precision)."""
+
+
+def raise_if_singular(x, info, n: int, *, what: str, entry: str, fix: str) -> None:
+    """Raises :class:`SingularMatrixError` when ``info > 0`` (``entry[info-1, info-1]`` of the
+    (n, n) ``what`` is exactly zero) or the solution ``x`` is not finite; ``fix`` ends both
+    messages. Nothing inside ``jit``: the arrays are traced there (callers read ``info``)."""
+    if isinstance(x, jax.core.Tracer) or isinstance(info, jax.core.Tracer):
+        return
+    i = int(info)
+    if i > 0:
+        raise SingularMatrixError(
+            f"a: the ({n}, {n}) {what} is singular: {entry}[{i - 1}, {i - 1}] is exactly zero "
+            f"(info={i}). {fix}"
+        )
+    if not bool(jnp.isfinite(x).all()):
+        raise SingularMatrixError(
+            f"a: the solution of the ({n}, {n}) system is not finite (the {what} is singular "
+            f"to working precision or holds inf/NaN). {fix}"
+        )
 
 
 @functools.partial(

@@ -35,7 +35,7 @@ from shardkit.linalg.layout import (
     n_devices,
 )
 from shardkit.linalg.layout2d import check_grid
-from shardkit.linalg.lu import LUFactors, SingularMatrixError, lu_local
+from shardkit.linalg.lu import LUFactors, lu_local, raise_if_singular
 from shardkit.linalg.triangular import (
     as_columns,
     outer_cyclic_local,
@@ -238,21 +238,14 @@ _lu_solve_grid.defvjp(
 )
 
 
+_SINGULAR_FIX = (
+    "Fix: check the matrix for dependent rows or columns or use float64, or use a "
+    "least-squares method (jnp.linalg.lstsq) instead."
+)
+
+
 def _raise_if_singular(x: jax.Array, info: jax.Array, n: int) -> None:
-    if isinstance(x, jax.core.Tracer) or isinstance(info, jax.core.Tracer):
-        return  # inside jit: the caller reads info (documented)
-    i = int(info)
-    if i > 0:
-        raise SingularMatrixError(
-            f"a: the ({n}, {n}) matrix is singular: U[{i - 1}, {i - 1}] is exactly zero "
-            f"(info={i}). Check the matrix for dependent rows or columns, or use a "
-            "least-squares method (jnp.linalg.lstsq) instead."
-        )
-    if not bool(jnp.isfinite(x).all()):
-        raise SingularMatrixError(
-            f"a: the solution of the ({n}, {n}) system is not finite (the matrix is singular "
-            "to working precision or holds inf/NaN). Check the inputs, or use float64."
-        )
+    raise_if_singular(x, info, n, what="matrix", entry="U", fix=_SINGULAR_FIX)
 
 
 def lu_solve(

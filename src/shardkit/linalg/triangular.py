@@ -43,7 +43,7 @@ from shardkit.linalg.layout import (
     n_devices,
     zeros_varying,
 )
-from shardkit.linalg.lu import SingularMatrixError
+from shardkit.linalg.lu import raise_if_singular
 from shardkit.placement import constrain
 
 __all__ = ["triangular_solve"]
@@ -228,24 +228,14 @@ def first_zero_cyclic_local(a, *, nb, p, axes):
 
 
 def raise_if_singular_triangle(x, info, n: int, name: str) -> None:
-    """Raises :class:`SingularMatrixError` for ``info > 0`` (``name[info-1, info-1] == 0``) or
-    a non-finite solution ``x``; nothing inside ``jit`` (the arrays are traced there)."""
-    if isinstance(x, jax.core.Tracer) or isinstance(info, jax.core.Tracer):
-        return
+    """:func:`~shardkit.linalg.lu.raise_if_singular` for a triangle ``a`` or a Cholesky factor
+    ``L`` (``name``), whose fix is a nonzero diagonal or ``check=False``."""
     what = "triangle" if name == "a" else "Cholesky factor"
-    i = int(info)
-    if i > 0:
-        raise SingularMatrixError(
-            f"a: the ({n}, {n}) {what} is singular: {name}[{i - 1}, {i - 1}] is exactly zero "
-            f"(info={i}). Fix: make the diagonal nonzero, or pass check=False to get JAX's "
-            "inf/NaN result instead."
-        )
-    if not bool(jnp.isfinite(x).all()):
-        raise SingularMatrixError(
-            f"a: the solution of the ({n}, {n}) triangular system is not finite (the {what} "
-            "is singular to working precision or holds inf/NaN). Fix: check the inputs, use "
-            "float64, or pass check=False to get JAX's inf/NaN result instead."
-        )
+    fix = (
+        "Fix: make the diagonal nonzero (or use float64), or pass check=False to get JAX's "
+        "inf/NaN result instead."
+    )
+    raise_if_singular(x, info, n, what=what, entry=name, fix=fix)
 
 
 @functools.partial(
