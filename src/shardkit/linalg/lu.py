@@ -229,7 +229,7 @@ def _lu_steps(a, ipiv, info, rhs, *, j0, j1, row0, col0, nb, p, axes, col_block)
     return lax.fori_loop(j0, j1, step, (a, ipiv, info, rhs))
 
 
-def lu_local(a, *, nb, p, axes, stages=None, rhs=None):
+def lu_local(a, *, nb, p, axes, rhs=None):
     """Inside ``shard_map``: factors local cyclic columns (Np, Np/P) in place.
 
     With ``rhs`` (replicated (Np, k)), also returns ``L^-1 P rhs`` (forward substitution
@@ -238,8 +238,7 @@ def lu_local(a, *, nb, p, axes, stages=None, rhs=None):
     n_pad, kc = a.shape
     nblk = n_pad // nb
     rhs = jnp.zeros((n_pad, 0), a.dtype) if rhs is None else rhs
-    if stages is None:
-        stages = min(nblk, _STAGES)
+    stages = min(nblk, _STAGES)
     d = lax.axis_index(axes)
     col_block = (jnp.arange(kc) // nb) * p + d  # global block of each local column
     ipiv = jnp.zeros((n_pad,), jnp.int32)
