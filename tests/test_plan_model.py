@@ -362,6 +362,41 @@ def test_no_valid_factorization():
         plan("llama3-8b", devices=7, batch=16)
 
 
+def test_indivisible_batch_suggests_the_smallest_multiple_that_has_a_layout():
+    # 992 = 32 x 31 devices: tensor x stage can take 32 of them (96 heads, 96 layers), so
+    # data x fsdp = 31 and any multiple of 31 has a layout, not only multiples of 992
+    with pytest.raises(NoValidLayoutError, match=r"multiple of 31 .*e\.g\. 992 or 1023\."):
+        plan("gpt3-175b", devices=992, hardware="a100", batch=1000)
+    # 8 heads of 64 cap tensor at 8 and 2 layers cap stage at 2: data x fsdp = 124 on 1984
+    w = Transformer(layers=2, d_model=512, heads=8, vocab=100, seq=16, batch=1000)
+    with pytest.raises(NoValidLayoutError, match=r"multiple of 124 .*e\.g\. 992 or 1116\."):
+        plan(w, devices=1984, hardware="a100")
+    assert plan(w.replace(batch=1116), devices=1984, hardware="a100").best
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(max_stage=0), r"max_stage=0 must be a positive int.*fix: max_stage=1"),
+        (dict(virtual=0), r"virtual=0 must be a positive int; fix: virtual=2"),
+        (dict(schedule="interleaved", virtual=1), r"virtual=1: .*fix: virtual=2 \(--virtual 2\)"),
+        (dict(schedule="1f1f"), r"unknown pipeline schedule '1f1f'; fix: one of 1f1b"),
+        (dict(batch=0), r"batch=0 must be positive"),
+    ],
+)
+def test_bad_plan_options_fail_before_the_search(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        plan("gpt3-175b", devices=64, hardware="a100", **kwargs)
+
+
+def test_cli_plan_bad_options_are_one_line_errors(capsys):
+    assert main(["plan", "--schedule", "interleaved", "--virtual", "1", "--devices", "64"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "fix: virtual=2 (--virtual 2)" in err
+    assert main(["plan", "--devices", "992", "--hardware", "a100", "--batch", "1000"]) == 2
+    assert "multiple of 31" in capsys.readouterr().err
+
+
 def test_unknown_hardware_lists_known(capsys):
     with pytest.raises(UnknownHardwareError, match=r"'h900'; known: a100.*h100.*tpu-v5p"):
         get_hardware("h900")

@@ -21,6 +21,7 @@ from typing import Any
 
 from shardkit.common import format_bytes as _size
 from shardkit.errors import ShardkitError, ShardkitTypeError, ShardkitValueError
+from shardkit.plan import pipe
 from shardkit.plan.cost import Candidate, divisors, evaluate
 from shardkit.plan.hardware import Hardware, get_hardware
 from shardkit.plan.memory import model_state_bytes
@@ -131,9 +132,10 @@ def plan(
         raise ShardkitValueError(f"zero={zero!r}: allowed stages are 1 and 3; fix: zero=(3, 1).")
     if not isinstance(devices, int) or devices < 1:
         raise ShardkitValueError(f"devices={devices!r} must be a positive int; fix: devices=8.")
+    _check_options(schedule, virtual, max_stage)
     layouts = _layouts(w, devices, max_stage)
     if not layouts:
-        raise NoValidLayoutError(_no_layout_message(w, devices))
+        raise NoValidLayoutError(_no_layout_message(w, devices, max_stage))
     policies = [remat] if remat else (REMAT_POLICIES if w.remat == "auto" else [w.remat])
     best: dict[tuple, Candidate] = {}
     smallest: Candidate | None = None
@@ -197,6 +199,24 @@ def _variants(w, hw, layouts, policies, allowed, sched):
                         break
 
 
+def _check_options(schedule: str, virtual: int, max_stage: int | None) -> None:
+    """Raises on pipeline options that no layout could use, before the search."""
+    pipe.schedule_object(schedule, virtual=max(virtual, 2) if isinstance(virtual, int) else 2)
+    if max_stage is not None and (not isinstance(max_stage, int) or max_stage < 1):
+        raise ShardkitValueError(
+            f"max_stage={max_stage!r} must be a positive int (1: no pipeline); fix: "
+            "max_stage=1, or leave it None to try every pipeline degree."
+        )
+    if not isinstance(virtual, int) or virtual < 1:
+        raise ShardkitValueError(f"virtual={virtual!r} must be a positive int; fix: virtual=2.")
+    if schedule == "interleaved" and virtual < 2:
+        raise ShardkitValueError(
+            f"schedule='interleaved' with virtual={virtual}: the interleaved schedule gives "
+            "each device at least 2 model chunks; fix: virtual=2 (--virtual 2), or "
+            "schedule='1f1b' for one chunk per device."
+        )
+
+
 def _devices_that_fit(w, hw, n, policies, allowed, sched, max_stage) -> int | None:
     """The smallest n x 2^k (k <= 6) device count on which some layout fits, or None."""
     for k in range(1, 7):
@@ -206,9 +226,35 @@ def _devices_that_fit(w, hw, n, policies, allowed, sched, max_stage) -> int | No
     return None
 
 
-def _no_layout_message(w, n: int) -> str:
-    near = [k for k in range(max(1, n - 16), n + 17) if k != n and _layouts(w, k, None)]
+def _batch_multiple(w, n: int, max_stage: int | None) -> int:
+    """The smallest data x fsdp replica count that the shapes allow on `n` devices: every
+    batch that is a multiple of it (and holds a micro-batch per stage) has a layout."""
+    best = n
+    for t in divisors(n):
+        if isinstance(w, Transformer) and (w.heads % t or w.ff % t or (w.kv % t and t % w.kv)):
+            continue
+        if isinstance(w, Dense) and t > 1:
+            continue
+        for p in divisors(n // t):
+            if (isinstance(w, Dense) and p > 1) or (max_stage and p > max_stage):
+                continue
+            if isinstance(w, Transformer) and (
+                p > w.layers or (w.layers % p and not w.uneven_stages)
+            ):
+                continue
+            best = min(best, n // (t * p))
+    return best
+
+
+def _no_layout_message(w, n: int, max_stage: int | None = None) -> str:
+    near = [k for k in range(max(1, n - 16), n + 17) if k != n and _layouts(w, k, max_stage)]
     near = sorted(near, key=lambda k: (abs(k - n), k))[:4]
+    k = _batch_multiple(w, n, max_stage)
+    lo = w.batch // k
+    near = [b * k for b in range(max(1, lo - 64), lo + 66)]  # the nearest multiples of k
+    fits = [b for b in near if _layouts(w.replace(batch=b), n, max_stage)]
+    below = [b for b in fits if b < w.batch][-1:]
+    batches = " or ".join(map(str, below + [b for b in fits if b > w.batch][:1])) or str(k * n)
     shape = (
         f"heads={w.heads}, kv_heads={w.kv}, d_ff={w.ff}, layers={w.layers}, "
         if isinstance(w, Transformer)
@@ -218,7 +264,8 @@ def _no_layout_message(w, n: int) -> str:
         f"no layout of {n} devices suits {w.name!r} ({shape}batch={w.batch}): data x fsdp "
         "must divide the batch, tensor must divide the heads and d_ff, stage the layers; fix: "
         f"use {' or '.join(map(str, sorted(near))) or 'a power of two'} devices, or a batch "
-        f"that is a multiple of {n}."
+        f"that is a multiple of {k} (data x fsdp = {k} with the widest tensor x stage the "
+        f"shapes allow), e.g. {batches}."
     )
 
 
