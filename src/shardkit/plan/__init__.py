@@ -5,9 +5,10 @@ of the device count, costs each with closed forms (ZeRO state, Korthikanti activ
 ring collectives, FLOPs over an achievable peak) and returns a `Plan` ranked by step time.
 
 Modules, one job each: `workload` (what is trained), `hardware` (chip profiles with sources),
-`memory` (bytes per device), `comm` (collective bytes and times), `roofline` (the scaling
-book's critical batch sizes), `cost` (one layout -> `Candidate`), `search` (all layouts ->
-`Plan`), `report` (table and explanation), `command` (`shardkit plan`).
+`runtime` (how a software stack executes a layout), `memory` (bytes per device), `comm`
+(collective bytes and times), `roofline` (the scaling book's critical batch sizes), `cost` (one
+layout -> `Candidate`), `search` (all layouts -> `Plan`), `report` (table and explanation),
+`command` (`shardkit plan`).
 
 Example:
     >>> import shardkit.plan as sp
@@ -28,6 +29,9 @@ from shardkit.plan.hardware import hardware_for as hardware_for
 from shardkit.plan.hardware import known_hardware as known_hardware
 from shardkit.plan.memory import Precision as Precision
 from shardkit.plan.memory import model_state_bytes as model_state_bytes
+from shardkit.plan.runtime import Runtime as Runtime
+from shardkit.plan.runtime import get_runtime as get_runtime
+from shardkit.plan.runtime import known_runtimes as known_runtimes
 from shardkit.plan.search import DoesNotFitError as DoesNotFitError
 from shardkit.plan.search import NoValidLayoutError as NoValidLayoutError
 from shardkit.plan.search import Plan as Plan
@@ -45,12 +49,15 @@ __all__ = [
     "NoValidLayoutError",
     "Plan",
     "Precision",
+    "Runtime",
     "Transformer",
     "UnknownHardwareError",
     "evaluate",
     "get_hardware",
+    "get_runtime",
     "hardware_for",
     "known_hardware",
+    "known_runtimes",
     "model_state_bytes",
     "plan",
     "preset",

@@ -166,6 +166,7 @@ def layout_traffic(
     head_on_busiest: bool,
     tp_rings: int = 0,
     block_runs: int = 0,
+    fsdp_regather: bool = False,
 ) -> Traffic:
     """The collectives of one layout per device per step, with their times.
 
@@ -176,7 +177,8 @@ def layout_traffic(
     reduce-scatter each under sequence parallelism; with collective matmul `tp_rings` of them
     are rings of tensor - 1 collective-permutes of a sequence slice, the same bytes; `block_runs`
     blocks run per step, for the gathers "block" remat repeats);
-    a pipeline sends an activation and a gradient at every one of the executor's `steps`.
+    a pipeline sends an activation and a gradient at every one of the executor's `steps`;
+    `fsdp_regather`: blocks are gathered again for the backward (PyTorch FSDP) without remat.
     """
     t = Traffic()
     m, b, c = microbatches, micro_batch, compute_bytes
@@ -187,8 +189,7 @@ def layout_traffic(
 
     weights_c = stage_params * c
     if fsdp > 1 and zero == 3:  # gathered and reduced one layer at a time
-        passes = 1 if remat == "none" else 2
-        calls = gather_calls
+        passes, calls = (1 if remat == "none" and not fsdp_regather else 2), gather_calls
         # the blocks are gathered again when remat recomputes them; the embedding, head and
         # final norm live outside the scanned, rematerialised blocks and are gathered once
         blocks = calls - 1 if transformer else calls

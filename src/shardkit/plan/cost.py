@@ -49,6 +49,7 @@ from shardkit.plan.memory import (
     model_state_bytes,
     transformer_memory,
 )
+from shardkit.plan.runtime import Runtime, get_runtime
 from shardkit.plan.workload import Dense, Transformer
 
 AXIS_ORDER = ("stage", "data", "fsdp", "tensor")  # outermost first, as in the mesh
@@ -90,6 +91,8 @@ class Candidate:
             (`Hybrid(..., collective_matmul=True)`).
         ring_hidden_time: seconds of those rings' traffic (in `comm_time["tensor"]`) hidden
             behind the matmuls they feed.
+        runtime: the `shardkit.plan.runtime` name the row was predicted for ("shardkit":
+            what `strategy()` runs).
         bottleneck: the largest of compute, tensor all-reduces, pipeline bubble, pipeline
             sends and fsdp/data traffic (before overlap), in words.
     """
@@ -127,6 +130,7 @@ class Candidate:
     sequence_parallel: bool = False
     collective_matmul: bool = False
     ring_hidden_time: float = 0.0
+    runtime: str = "shardkit"
 
     # -- derived ----------------------------------------------------------------------------
     @property
@@ -253,6 +257,7 @@ def evaluate(
     act_bytes: int | None = None,
     sequence_parallel: bool = False,
     collective_matmul: bool = False,
+    runtime: str | Runtime = "shardkit",
 ) -> Candidate:
     """Predicts memory, communication, compute and step time for one layout.
 
@@ -267,11 +272,9 @@ def evaluate(
             model chunks per device: bubble (p-1)/(v m + p-1), v x the sends, activations x
             (1 + (p-1)/(p v))) when stage > 1.
         virtual: chunks per device for "interleaved" (>= 2).
-        dot_bytes: bytes per matmul output kept under "dots" remat (default
-            `Hardware.dot_output_bytes`, else the compute dtype; 4 predicts XLA:CPU, which
-            runs bf16 matmuls in f32 and keeps f32 outputs).
-        act_bytes: bytes per element of the other kept activations (default
-            `Hardware.activation_upcast`, else the compute dtype; 4 predicts XLA:CPU).
+        dot_bytes, act_bytes: bytes per matmul output kept under "dots" remat, and per
+            element of the other kept activations (default `Hardware.dot_output_bytes` and
+            `activation_upcast`, else the compute dtype; 4: XLA:CPU's f32 matmuls).
         sequence_parallel: Megatron-style sequence parallelism with the tensor axis (Korthikanti
             et al.): the block and norm inputs, the loss's hidden state and the pipeline sends
             are split over "tensor" too, and each tensor all-reduce becomes an all-gather plus
@@ -281,28 +284,30 @@ def evaluate(
             reduce-scatters run as rings beside the matmuls they feed (`shardkit.overlap`):
             the same bytes as collective-permutes, of which a share `Hardware.overlap` hides
             behind (tensor - 1) / tensor of the blocks' matmul time.
+        runtime: the stack that runs it (`shardkit.plan.runtime`; default "shardkit").
 
     Raises:
         ValueError: when the batch is not divisible by data x fsdp x microbatches, or the
             layers by the stage degree.
     """
-    hw = get_hardware(hardware)
-    m = microbatches or stage
+    hw, rt, m = get_hardware(hardware), get_runtime(runtime), microbatches or stage
     remat = remat or (workload.remat if workload.remat != "auto" else "none")
     replicas = data * fsdp
     b, v = _check_layout(workload, data, fsdp, tensor, stage, m, schedule, virtual)
     zero = zero if fsdp > 1 else 0
-    pf = pipe.facts(schedule, stage, m, v)  # steps, in-flight, bubble of the executor
-    prec = get_precision(workload.precision)
-    c = prec.compute
-    wb, _, _ = bytes_per_param(prec, workload.optimizer)
-    peak = hw.peak(prec.compute_dtype)
-    w = workload
+    pf = pipe.facts(schedule, stage, m, v, runtime=rt.pipeline)  # steps, in-flight, bubble
+    w, prec = workload, get_precision(workload.precision)
+    c, (wb, _, _), peak = (
+        prec.compute,
+        bytes_per_param(prec, w.optimizer),
+        hw.peak(prec.compute_dtype),
+    )
     sp = sequence_parallel and tensor > 1 and isinstance(w, Transformer)
-    cm = collective_matmul and sp and stage == 1
+    cm, devices = collective_matmul and sp and stage == 1, replicas * tensor * stage
     n_stage, mem, work, block_c, gather_calls = _model_terms(
         w, hw, b=b, m=m, data=data, fsdp=fsdp, tensor=tensor, stage=stage, zero=zero,
         remat=remat, in_flight=pf.in_flight, sp=sp, dot_bytes=dot_bytes, act_bytes=act_bytes,
+        rt=rt,
     )  # fmt: skip
     state = model_state_bytes(n_stage, zero=zero, shards=max(fsdp, 1), precision=prec,
                               optimizer=w.optimizer)  # fmt: skip
@@ -316,12 +321,12 @@ def evaluate(
         tp_count=work.tp_count, sequence_parallel=sp, head_on_busiest=work.head_on_busiest,
         tp_rings=work.tp_count - 2 * m if cm else 0,  # all but the head's and embedding's
         block_runs=-(-w.layers // stage) * m if isinstance(w, Transformer) else 0,
+        fsdp_regather=rt.fsdp_regather,
     )  # fmt: skip
-    compute = work.flops / (peak * hw.mfu_ceiling)
+    compute = work.flops / (peak * rt.ceiling_for(hw))
     # the rings' transfers run beside the block matmuls' other (tensor - 1) / tensor
     window = compute * work.block_matmul_share * (tensor - 1) / tensor if cm else 0.0
-    t = _step_time(compute, traffic, pf.bubble, m, state, hw, ring_window=window)
-    devices = replicas * tensor * stage
+    t = _step_time(compute, traffic, pf.bubble, m, state, hw, window, rt.tensor_overlap)
     return Candidate(
         data=data, fsdp=fsdp, tensor=tensor, stage=stage, zero=zero, microbatches=m,
         micro_batch=b, remat=remat, schedule=schedule if stage > 1 else "",
@@ -333,7 +338,7 @@ def evaluate(
         exposed_comm_time=t.exposed, update_time=t.update, step_time=t.step,
         mfu=work.model_flops / (t.step * devices * peak), hfu=work.flops / (t.step * peak),
         bottleneck=t.bottleneck, virtual=v, sequence_parallel=sp, collective_matmul=cm,
-        ring_hidden_time=t.hidden,
+        ring_hidden_time=t.hidden, runtime=rt.name,
     )  # fmt: skip
 
 
@@ -354,7 +359,7 @@ def _grads_and_gathered(state, mem, prec, hw, *, m, n_stage, shards) -> tuple[fl
 
 
 def _model_terms(w, hw, *, b, m, data, fsdp, tensor, stage, zero, remat, in_flight, sp,
-                 dot_bytes, act_bytes):  # fmt: skip
+                 dot_bytes, act_bytes, rt):  # fmt: skip
     """``(parameters on the busiest device, memory, compute, the scanned blocks' weight bytes,
     FSDP gather calls per micro-batch)`` of a transformer or dense workload."""
     c = get_precision(w.precision).compute
@@ -365,10 +370,11 @@ def _model_terms(w, hw, *, b, m, data, fsdp, tensor, stage, zero, remat, in_flig
             w, hw, micro_batch=b, microbatches=m, tensor=tensor, stage=stage, fsdp=fsdp,
             zero=zero, remat=remat, in_flight=in_flight, local_layers=local_layers,
             layer_params=layer_t, sequence_parallel=sp, dot_bytes=dot_bytes,
-            act_bytes=act_bytes,
+            act_bytes=act_bytes, fsdp_regather=rt.fsdp_regather,
         )  # fmt: skip
         work = _transformer_compute(w, b=b, m=m, tensor=tensor, stage=stage, remat=remat,
-                                    replicas=data * fsdp, local_layers=local_layers)  # fmt: skip
+                                    replicas=data * fsdp, local_layers=local_layers,
+                                    rt=rt)  # fmt: skip
         # the scanned blocks' share of the weights; gathers: each block, then the embedding
         # and head together
         return (
@@ -448,26 +454,30 @@ class _Compute(NamedTuple):
     block_matmul_share: float = 0.0  # share of `flops` in the blocks' weight matmuls
 
 
-def _transformer_compute(w, *, b, m, tensor, stage, remat, replicas, local_layers) -> _Compute:
+def _transformer_compute(w, *, b, m, tensor, stage, remat, replicas, local_layers,
+                         rt) -> _Compute:  # fmt: skip
     c = get_precision(w.precision).compute
     tokens = w.batch * w.seq / replicas
     layer_flops = 6 * w.layer_matmul_params() + 12 * w.seq * w.q_width
-    if remat == "block":  # the forward pass again, but for the MLP-down matmul, whose
-        # output only feeds the block output (dead code when recomputing gradients' inputs)
-        recompute = (w.layer_matmul_params() - w.d_model * w.ff) * 2
-        layer_flops += recompute + 4 * w.seq * w.q_width
+    full_rerun = rt.recompute == "forward"
+    if remat == "block":  # the forward pass again; XLA drops the MLP-down matmul, whose
+        # output only feeds the block output (dead code when recomputing gradients' inputs);
+        # torch.utils.checkpoint reruns it too (`Runtime.recompute`)
+        rerun = w.layer_matmul_params() - (0 if full_rerun else w.d_model * w.ff)
+        layer_flops += 2 * rerun + 4 * w.seq * w.q_width
     head_flops = 6 * w.d_model * w.vocab
     flops = tokens * (local_layers * layer_flops + head_flops) / tensor
-    if stage > 1 and remat == "block":  # the executor's residuals="recompute": each
+    lockstep = rt.pipeline == "lockstep"
+    if lockstep and stage > 1 and remat == "block":  # the executor's residuals="recompute": each
         # backward op first reruns its stage's forward for the block inputs of all but the
         # first layer, then each block again under remat (measured: docs/plan.md)
         forward = 2 * w.layer_matmul_params() + 4 * w.seq * w.q_width
         flops += tokens * (local_layers - 1) * forward / tensor
     head_on_busiest = True
-    tp_count = (local_layers * _tp_all_reduces(w, remat) + 2) * m
+    tp_count = (local_layers * _tp_all_reduces(w, remat, full_rerun) + 2) * m
     if stage > 1 and w.ends_on_every_stage:  # shardkit's executor gathers the embedding
         tp_count -= m  # table whole: no all-reduce of the lookups (see the all-gather)
-    if stage > 1 and remat == "block":  # the executor's residuals="recompute": a stage
+    if lockstep and stage > 1 and remat == "block":  # residuals="recompute": a stage
         # before the last runs each micro-batch's forward in its F op and again in its B
         # op (the last stage's F only hands the micro-batch on; its B runs the forward
         # with the head), so it all-reduces the forward's two per block twice and has no
@@ -496,13 +506,16 @@ class _Time(NamedTuple):
 
 
 def _step_time(compute: float, traffic: comm.Traffic, bubble_fraction: float, m: int,
-               state: Any, hw: Hardware, ring_window: float = 0.0) -> _Time:  # fmt: skip
+               state: Any, hw: Hardware, ring_window: float = 0.0,
+               tensor_overlap: float = 0.0) -> _Time:  # fmt: skip
     """Step time: the pipeline's lockstep work stretched by its bubble, the tensor traffic
     its collective-matmul rings do not hide behind `ring_window` seconds of matmuls, the
     data-parallel and FSDP traffic compute cannot hide, and the optimizer update at HBM
     bandwidth."""
     times, across = traffic.times, traffic.across
     hidden = min(hw.overlap * traffic.rings, ring_window)
+    # a runtime that overlaps the other tensor collectives with independent compute
+    hidden += min(tensor_overlap * (times["tensor"] - traffic.rings), compute - hidden)
     core_work = compute + times["tensor"] - hidden + times["stage"]
     core = core_work / (1 - bubble_fraction)  # lockstep: x (m + p - 1) / m for GPipe and 1F1B
     bubble = core - core_work
@@ -539,7 +552,7 @@ def _exposed(total: float, across: float, window: float, hw: Hardware) -> float:
     return total - min(hideable, max(o_in, o_across) * window)
 
 
-def _tp_all_reduces(w: Transformer, remat: str) -> int:
+def _tp_all_reduces(w: Transformer, remat: str, full_rerun: bool = False) -> int:
     """b x s x h all-reduces per block per micro-batch under Megatron tensor parallelism.
 
     Forward: after the attention output and the MLP-down row-parallel matmuls (2). Backward:
@@ -547,10 +560,11 @@ def _tp_all_reduces(w: Transformer, remat: str) -> int:
     sums, one all-reduce per kernel (Megatron fuses q/k/v and gate/up: 2, as shardkit's GPT
     does by contracting its stacked q/k/v at once; separate kernels: 3 + 1 or 2). "block"
     remat reruns the attention-output all-reduce (the MLP-down one only feeds the block
-    output, dead in the recomputation).
+    output, dead in the recomputation), or both forward ones when the runtime reruns the whole
+    forward (`full_rerun`, `Runtime.recompute`).
     """
     backward = 2 if w.fused_qkv else 3 + (2 if w.gated else 1)
-    return 2 + backward + (1 if remat == "block" else 0)
+    return 2 + backward + ((2 if full_rerun else 1) if remat == "block" else 0)
 
 
 def divisors(n: int) -> list[int]:

@@ -293,6 +293,7 @@ def transformer_memory(
     sequence_parallel: bool,
     dot_bytes: int | None,
     act_bytes: int | None,
+    fsdp_regather: bool = False,
 ) -> ActivationMemory:
     """Activation, loss-phase, input and gathered-weight bytes of one transformer layout.
 
@@ -308,6 +309,9 @@ def transformer_memory(
         layer_params: one block's parameters on a device (tensor-split matmuls, whole norms).
         sequence_parallel: Megatron sequence parallelism over "tensor".
         dot_bytes, act_bytes: overrides of the habits' matmul-output and activation bytes.
+        fsdp_regather: ZeRO-3 weights are freed after the forward and gathered again for the
+            backward (PyTorch FSDP, `shardkit.plan.runtime`), so without remat too only the
+            layers being computed hold gathered weights.
     """
     b, m, sp = micro_batch, microbatches, sequence_parallel
     c = get_precision(w.precision).compute
@@ -331,7 +335,8 @@ def transformer_memory(
     if fsdp > 1 and zero == 3:
         # under remat, the block being differentiated and the one prefetched behind it;
         # a backend with synchronous collectives holds one (`Hardware.gathered_layers`)
-        layers_alive = local_layers if remat == "none" else (hw.gathered_layers or 2)
+        keep = remat == "none" and not fsdp_regather  # kept as the backward's residuals
+        layers_alive = local_layers if keep else (hw.gathered_layers or 2)
         # XLA:CPU with f32 dots all-gathers bf16 weights in f32 (the fp32 -> bf16 cast
         # sinks below the collective) and keeps the gathered copy in f32:
         # `activation_upcast` bytes; with bf16 dots it gathers bf16 but the block's f32

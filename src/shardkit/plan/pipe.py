@@ -80,7 +80,9 @@ def schedule_object(name: str, virtual: int = 2) -> Any:
     return schedule_from_name(name, virtual=virtual)
 
 
-def facts(schedule: str, stages: int, microbatches: int, virtual: int = 1) -> PipelineFacts:
+def facts(
+    schedule: str, stages: int, microbatches: int, virtual: int = 1, runtime: str = "lockstep"
+) -> PipelineFacts:
     """Steps, in-flight micro-batches and bubble of `schedule` at (p, m, v).
 
     Args:
@@ -88,6 +90,8 @@ def facts(schedule: str, stages: int, microbatches: int, virtual: int = 1) -> Pi
         stages: p, devices along "stage".
         microbatches: m.
         virtual: chunks per device for "interleaved" (ignored otherwise).
+        runtime: "lockstep" (shardkit's executor: the step table) or "async" (a point-to-
+            point runtime such as Megatron-LM's or torchtitan's: `async_facts`).
 
     Raises:
         ValueError: for an unknown schedule, or (p, m, v) the schedule cannot run (the
@@ -98,7 +102,38 @@ def facts(schedule: str, stages: int, microbatches: int, virtual: int = 1) -> Pi
         8.0
     """
     v = virtual if schedule == "interleaved" else 1
+    if runtime == "async":
+        schedule_object(schedule, virtual=max(v, 2)).check(int(stages), int(microbatches))
+        return async_facts(schedule, int(stages), int(microbatches), int(v))
     return _facts(schedule, int(stages), int(microbatches), int(v))
+
+
+def async_facts(schedule: str, p: int, m: int, v: int = 1) -> PipelineFacts:
+    """The textbook schedules as point-to-point runtimes run them (Narayanan et al. 2021,
+    arXiv:2104.04473, §2.2; Qi et al. 2023, arXiv:2401.10241, for ZB-H1).
+
+    Each stage runs its own op list and waits only for its neighbours: the bubble is
+    (p - 1) / (v m) of the ideal time, i.e. (p - 1) / (v m + p - 1) of the step (ZB-H1 a third
+    of 1F1B's); 1F1B holds min(m, p) micro-batches, interleaved p + (p - 1) / v stage-units
+    (Megatron's p (1 + (p - 1) / (p v))), GPipe m; every micro-batch crosses each of a device's
+    v chunks once forward and once backward (`steps` = v m send pairs).
+
+    Example:
+        >>> f = async_facts("interleaved", 8, 64, 4)
+        >>> f.in_flight, round(f.bubble, 4)
+        (9.75, 0.0266)
+    """
+    if p == 1:
+        return PipelineFacts(schedule, 1, m, 1, m, 1, 1, 1.0, 0.0)
+    bubble = (p - 1) / (v * m + p - 1)
+    if schedule == "gpipe":
+        return PipelineFacts(schedule, p, m, 1, m, 1, m, float(m), bubble)
+    if schedule == "interleaved":
+        pairs = min(v * m, v * p + p - 1)
+        return PipelineFacts(schedule, p, m, v, v * m, 1, pairs, pairs / v, bubble)
+    if schedule == "zb-h1":
+        bubble = (p - 1) / (3 * m + p - 1)
+    return PipelineFacts(schedule, p, m, 1, m, 1, min(m, p), float(min(m, p)), bubble)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -171,6 +206,13 @@ def not_runnable(candidate: Any) -> str:
         >>> not_runnable(evaluate(w, "cpu", fsdp=2, stage=4, zero=1, microbatches=4))[:29]
         'layout stage=4 fsdp=2 (ZeRO-1'
     """
+    runtime = getattr(candidate, "runtime", "shardkit")
+    if candidate.stage > 1 and runtime != "shardkit":
+        return (
+            f"layout {candidate.layout} was predicted for the {runtime!r} runtime's pipeline, "
+            "not shardkit's lockstep executor; fix: plan(..., runtime='shardkit') for rows "
+            "shardkit runs."
+        )
     if candidate.stage > 1 and candidate.fsdp > 1:
         return (
             f"layout {candidate.layout} is a prediction only: the Trainer does not run FSDP "

@@ -26,6 +26,7 @@ from shardkit.plan.cost import Candidate, divisors, evaluate
 from shardkit.plan.hardware import Hardware, get_hardware
 from shardkit.plan.memory import model_state_bytes
 from shardkit.plan.report import render, table, why
+from shardkit.plan.runtime import Runtime, get_runtime
 from shardkit.plan.workload import REMAT_POLICIES, Dense, Transformer, preset
 
 
@@ -85,6 +86,7 @@ def plan(
     zero: tuple[int, ...] = (3, 1),
     sequence_parallel: bool = False,
     collective_matmul: bool = False,
+    runtime: str | Runtime = "shardkit",
 ) -> Plan:
     """Ranks every layout of `workload` on `devices` chips of `hardware` by step time.
 
@@ -109,6 +111,9 @@ def plan(
             `Hybrid(sequence_parallel=True)` (not inside pipeline stages).
         collective_matmul: with sequence_parallel, predict the blocks' tensor traffic as
             overlapped collective-matmul rings (`Hybrid(collective_matmul=True)`).
+        runtime: the software the layouts run on (`shardkit.plan.runtime`): "shardkit"
+            (default: what `strategy()` runs), or "megatron", "torchtitan", "pytorch-fsdp",
+            "maxtext" (or a `Runtime`) to predict another stack's runs, e.g. a published one.
 
     Returns:
         A `Plan`; `plan.best` is the fastest layout that fits.
@@ -146,7 +151,7 @@ def plan(
             "reduce-scatters, and sequence_parallel is off; fix: plan(..., "
             "sequence_parallel=True, collective_matmul=True) (--sequence-parallel)."
         )
-    sched = (schedule, virtual, sequence_parallel, collective_matmul)
+    sched = (schedule, virtual, sequence_parallel, collective_matmul, get_runtime(runtime))
     for c in _variants(w, hw, layouts, policies, allowed, sched):
         evaluated += 1
         if smallest is None or c.peak_bytes < smallest.peak_bytes:
@@ -193,7 +198,7 @@ def _variants(w, hw, layouts, policies, allowed, sched):
                     c = evaluate(w, hw, data=d, fsdp=f, tensor=t, stage=p, zero=z,
                                  microbatches=m, remat=policy, schedule=sched[0],
                                  virtual=sched[1], sequence_parallel=sched[2],
-                                 collective_matmul=sched[3])  # fmt: skip
+                                 collective_matmul=sched[3], runtime=sched[4])  # fmt: skip
                     yield c
                     if p == 1 and c.fits:
                         break

@@ -1,0 +1,140 @@
+"""Runtimes: how the software that runs a layout executes it, where that changes its cost.
+
+The planner's default is shardkit itself (`"shardkit"`): XLA compiles the step, the pipeline
+runs as the lockstep step table of `shardkit.pipeline`, remat is `jax.checkpoint` (XLA drops the
+recomputation no gradient needs). Published runs of other stacks ran differently, so to compare
+the planner with them (and to explain shardkit's own choice against them) a `Runtime` names the
+differences that move step time or memory:
+
+* `pipeline`: "lockstep" (shardkit's SPMD executor: every device steps through one table, the
+  fused 1F1B holds up to 2p - 1 micro-batches, the idle share is that of the table) or "async"
+  (point-to-point runtimes, Megatron-LM and torchtitan: each stage runs its own op list, the
+  bubble is (p - 1) / (v m) of the ideal time, i.e. (p - 1) / (v m + p - 1) of the step, and
+  1F1B holds p micro-batches, interleaved p + (p - 1) / v stage-units (Narayanan et al. 2021,
+  arXiv:2104.04473, §2.2)).
+* `recompute`: what a "block" recomputation reruns. "dead-code" (`jax.checkpoint` under XLA:
+  the block's forward but for the MLP-down matmul, whose output no gradient needs) or
+  "forward" (`torch.utils.checkpoint` and Megatron's full recomputation rerun the whole
+  forward: hardware FLOPs = 4/3 of the model's, Narayanan et al. 2021 §5.1; Korthikanti et al.
+  2022, arXiv:2205.05198, Table 4: 30-36% overhead).
+* `fsdp_regather`: ZeRO-3 weights gathered for the forward are freed after it and gathered
+  again for the backward (PyTorch FSDP's `reshard_after_forward=True`, the default of
+  torchtitan and llm-foundry's FULL_SHARD) instead of kept as residuals of the backward pass
+  (JAX without remat: the gathered weight is an input of the matmul's VJP, so autodiff saves
+  it per layer; XLA on GPU and TPU keeps it, as on CPU, `docs/plan.md`).
+* `tensor_overlap`: share of the blocks' tensor-parallel collectives hidden behind compute.
+  XLA on TPU runs them asynchronously beside the independent matmuls (MaxText's tensor
+  parallel runs); NCCL all-reduces in Megatron's tensor parallelism block the next matmul (0,
+  Narayanan et al. 2021 §3.3).
+* `ceiling`: hardware name -> share of peak the stack's large matmul-bound step reaches
+  (`Hardware.mfu_ceiling` for the others); each with its source in `CEILING_SOURCES`.
+
+Example:
+    >>> get_runtime("megatron").pipeline, get_runtime("shardkit").pipeline
+    ('async', 'lockstep')
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal
+
+from shardkit.errors import ShardkitValueError
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Runtime:
+    """How one software stack executes a layout (module docstring).
+
+    Attributes:
+        name: lower-case label.
+        pipeline: "lockstep" (shardkit's executor) or "async" (point-to-point stages).
+        recompute: what "block" remat reruns: "dead-code" (XLA) or "forward" (PyTorch).
+        fsdp_regather: ZeRO-3 weights are freed after the forward and gathered again for the
+            backward (PyTorch FSDP) rather than kept for it (XLA without remat).
+        tensor_overlap: share of tensor-parallel collectives hidden behind compute.
+        ceiling: hardware name -> achievable share of peak for this stack (else the
+            hardware's `mfu_ceiling`).
+        description: one line for tables.
+    """
+
+    name: str
+    pipeline: Literal["lockstep", "async"] = "lockstep"
+    recompute: Literal["dead-code", "forward"] = "dead-code"
+    fsdp_regather: bool = False
+    tensor_overlap: float = 0.0
+    ceiling: dict[str, float] = dataclasses.field(default_factory=dict)
+    description: str = ""
+
+    def __post_init__(self):
+        if self.pipeline not in ("lockstep", "async"):
+            raise ShardkitValueError(
+                f"Runtime {self.name!r}: pipeline={self.pipeline!r}; fix: 'lockstep' or 'async'."
+            )
+        if self.recompute not in ("dead-code", "forward"):
+            raise ShardkitValueError(
+                f"Runtime {self.name!r}: recompute={self.recompute!r}; fix: 'dead-code' or "
+                "'forward'."
+            )
+        if not 0 <= self.tensor_overlap <= 1:
+            raise ShardkitValueError(
+                f"Runtime {self.name!r}: tensor_overlap={self.tensor_overlap} must lie in "
+                "[0, 1]; fix: tensor_overlap=0.0."
+            )
+
+    def ceiling_for(self, hardware) -> float:
+        """The achievable share of peak of this stack on `hardware` (a `Hardware`)."""
+        return self.ceiling.get(hardware.name, hardware.mfu_ceiling)
+
+    def replace(self, **changes) -> Runtime:
+        return dataclasses.replace(self, **changes)
+
+
+RUNTIMES: dict[str, Runtime] = {
+    "shardkit": Runtime(
+        name="shardkit", description="shardkit: XLA, lockstep pipeline table, jax.checkpoint"
+    ),
+    "megatron": Runtime(
+        name="megatron", pipeline="async", recompute="forward",
+        description="Megatron-LM / NeMo: asynchronous 1F1B, full recompute reruns the forward",
+    ),
+    "torchtitan": Runtime(
+        name="torchtitan", pipeline="async", recompute="forward", fsdp_regather=True,
+        description="torchtitan: FSDP2 reshards after forward, torch.distributed.pipelining",
+    ),
+    "pytorch-fsdp": Runtime(
+        name="pytorch-fsdp", pipeline="async", recompute="forward", fsdp_regather=True,
+        description="PyTorch FSDP FULL_SHARD (llm-foundry, DeepSpeed ZeRO-3 alike)",
+    ),
+    "maxtext": Runtime(
+        name="maxtext", tensor_overlap=0.9,
+        description="MaxText: XLA on TPU/GPU, asynchronous collectives beside the matmuls",
+    ),
+}  # fmt: skip
+
+_ALIASES = {"nemo": "megatron", "megatron-lm": "megatron", "llm-foundry": "pytorch-fsdp",
+            "fsdp": "pytorch-fsdp", "xla": "shardkit", "lockstep": "shardkit",
+            "async": "megatron"}  # fmt: skip
+
+
+def known_runtimes() -> list[str]:
+    """Names of the built-in runtimes."""
+    return sorted(RUNTIMES)
+
+
+def get_runtime(name: str | Runtime) -> Runtime:
+    """The runtime called `name` ("shardkit", "megatron", "torchtitan", ...), or `name` itself.
+
+    Raises:
+        ValueError: for an unknown name (lists the known ones).
+    """
+    if isinstance(name, Runtime):
+        return name
+    key = str(name).strip().lower()
+    key = _ALIASES.get(key, key)
+    if key not in RUNTIMES:
+        raise ShardkitValueError(
+            f"unknown runtime {name!r}; known: {', '.join(known_runtimes())}; fix: pass one of "
+            "those, or shardkit.plan.Runtime(name=..., pipeline='async', ...)."
+        )
+    return RUNTIMES[key]
