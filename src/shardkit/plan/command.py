@@ -18,6 +18,7 @@ import tomllib
 from shardkit.cli_args import at_least
 from shardkit.errors import ShardkitValueError
 from shardkit.plan.hardware import known_hardware
+from shardkit.plan.runtime import known_runtimes
 from shardkit.plan.search import plan
 from shardkit.plan.workload import Transformer, preset, presets
 
@@ -81,6 +82,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--collective-matmul", action="store_true",
         help="with --sequence-parallel: the blocks' tensor traffic as overlapped rings "
         "(shardkit train --collective-matmul runs it)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--runtime", default="shardkit", choices=known_runtimes(),
+        help="the stack that runs the layouts (default shardkit, what shardkit train runs; "
+        "megatron, torchtitan, pytorch-fsdp, maxtext predict their runs)",
     )  # fmt: skip
     parser.add_argument("--top", type=at_least(1), default=8, help="rows to show (default 8)")
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
@@ -162,6 +168,7 @@ def run(args: argparse.Namespace) -> int:
         virtual=args.virtual,
         sequence_parallel=args.sequence_parallel,
         collective_matmul=args.collective_matmul,
+        runtime=args.runtime,
     )
     verification = result.verify(top=min(args.top, 3), quiet=True) if args.verify else None
     if args.json:  # one JSON document: the plan, and the verification when asked for

@@ -155,6 +155,11 @@ class Candidate:
         return self.peak_bytes <= self.budget_bytes
 
     @property
+    def margin(self) -> float:
+        """Share of the usable memory left at the peak (negative: over by that share)."""
+        return 1 - self.peak_bytes / self.budget_bytes
+
+    @property
     def mesh_axes(self) -> dict[str, int]:
         """Mesh axis name -> size, outermost first, axes of size 1 dropped."""
         axes = {a: getattr(self, a) for a in AXIS_ORDER if getattr(self, a) > 1}
@@ -222,6 +227,7 @@ class Candidate:
             temp_bytes=self.temp_bytes,
             peak_bytes=self.peak_bytes,
             fits=self.fits,
+            margin=self.margin,
             devices=self.devices,
         )
         return out

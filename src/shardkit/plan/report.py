@@ -31,8 +31,9 @@ def table(plan, top: int = 8):
     """A rich Table of the `top` fastest layouts.
 
     Columns: rank, layout, remat policy, micro-batches x sequences per micro-batch, weights /
-    gradients / optimizer state per device, activations (+ logits), peak, bytes each device
-    moves per step per collective kind, step time, MFU, bottleneck.
+    gradients / optimizer state per device, activations (+ logits), peak and the share of the
+    usable memory left (the fit margin), bytes each device moves per step per collective kind,
+    step time, MFU (model FLOPs) and HFU (executed FLOPs, recompute included), bottleneck.
     """
     from rich.table import Table
 
@@ -41,12 +42,13 @@ def table(plan, top: int = 8):
         f"{plan.workload.name}: {plan.workload.n_params() / 1e9:.2f}B params, batch "
         f"{plan.workload.batch}, on {plan.devices} x {hw.name} ({_size(hw.usable_bytes)} of "
         f"{_size(hw.hbm_bytes)} usable) - {len(plan.candidates)} layouts fit"
+        + ("" if _runtime(plan) == "shardkit" else f", as the {_runtime(plan)} runtime runs them")
     )
     t = Table(title=title, title_justify="left")
     for col, just in [
         ("#", "right"), ("layout", "left"), ("remat", "left"), ("m x b", "right"),
-        ("w / g / opt", "right"), ("act", "right"), ("peak", "right"),
-        ("collectives per step", "left"), ("step", "right"), ("MFU", "right"),
+        ("w / g / opt", "right"), ("act", "right"), ("peak (margin)", "right"),
+        ("collectives per step", "left"), ("step", "right"), ("MFU / HFU", "right"),
         ("bottleneck", "left"),
     ]:  # fmt: skip
         t.add_column(col, justify=just)
@@ -54,10 +56,14 @@ def table(plan, top: int = 8):
         state = f"{_size(c.param_bytes)} / {_size(c.grad_bytes)} / {_size(c.opt_bytes)}"
         t.add_row(
             str(i), _label(c), c.remat, f"{c.microbatches} x {c.micro_batch}", state,
-            _size(c.activation_bytes + c.logits_bytes), _size(c.peak_bytes), collectives_text(c),
-            _time(c.step_time), f"{c.mfu:.0%}", c.bottleneck,
+            _size(c.activation_bytes + c.logits_bytes), f"{_size(c.peak_bytes)} ({c.margin:.0%})",
+            collectives_text(c), _time(c.step_time), f"{c.mfu:.0%} / {c.hfu:.0%}", c.bottleneck,
         )  # fmt: skip
     return t
+
+
+def _runtime(plan) -> str:
+    return getattr(plan.best, "runtime", "shardkit") if plan.candidates else "shardkit"
 
 
 def _label(c) -> str:
@@ -72,14 +78,17 @@ def why(plan) -> str:
     hw = plan.hardware
     w = plan.workload
     state = c.param_bytes + c.grad_bytes + c.opt_bytes
-    parts = [f"{c.layout} is predicted fastest: {_time(c.step_time)} per step, MFU {c.mfu:.0%}."]
+    parts = [
+        f"{c.layout} is predicted fastest: {_time(c.step_time)} per step, MFU {c.mfu:.0%} "
+        f"(HFU {c.hfu:.0%} with recompute)."
+    ]
     zero = {0: "replicated", 1: "ZeRO-1: optimizer state split", 3: "ZeRO-3: all split"}[c.zero]
     parts.append(
         f"Per device it holds {_size(state)} of model state ({zero}), "
         f"{_size(c.activation_bytes + c.logits_bytes)} of activations (remat={c.remat}, "
         f"{c.microbatches} micro-batch{'es' if c.microbatches > 1 else ''} of {c.micro_batch}) "
         f"and {_size(c.gathered_bytes)} of gathered or cast weights: {_size(c.peak_bytes)} of "
-        f"{_size(hw.usable_bytes)} usable."
+        f"{_size(hw.usable_bytes)} usable ({c.margin:.0%} margin)."
     )
     split = [f"compute {_time(c.compute_time)}"]
     for axis, t in c.comm_time.items():
@@ -101,7 +110,13 @@ def why(plan) -> str:
     if not c.runnable:
         run = next((r for r in plan.candidates if r.runnable), None)
         parts.append(
-            "shardkit does not run it (fsdp, or sequence parallelism, inside pipeline stages)"
+            (
+                f"It is predicted for the {c.runtime} runtime's pipeline, which shardkit's "
+                "lockstep executor does not reproduce"
+                if c.runtime != "shardkit" and c.stage > 1
+                else "shardkit does not run it (fsdp, or sequence parallelism, inside pipeline "
+                "stages)"
+            )
             + (f"; the fastest layout it runs is {run.layout}." if run else ".")
         )
     if len(plan.candidates) > 1:

@@ -256,8 +256,8 @@ def _no_layout_message(w, n: int, max_stage: int | None = None) -> str:
     near = sorted(near, key=lambda k: (abs(k - n), k))[:4]
     k = _batch_multiple(w, n, max_stage)
     lo = w.batch // k
-    near = [b * k for b in range(max(1, lo - 64), lo + 66)]  # the nearest multiples of k
-    fits = [b for b in near if _layouts(w.replace(batch=b), n, max_stage)]
+    multiples = [b * k for b in range(max(1, lo - 64), lo + 66)]  # the nearest ones
+    fits = [b for b in multiples if _layouts(w.replace(batch=b), n, max_stage)]
     below = [b for b in fits if b < w.batch][-1:]
     batches = " or ".join(map(str, below + [b for b in fits if b > w.batch][:1])) or str(k * n)
     shape = (
