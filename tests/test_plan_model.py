@@ -433,7 +433,7 @@ def test_bad_workload_values():
         Transformer(layers=2, d_model=64, heads=4, vocab=8, seq=8, remat="sometimes")
     with pytest.raises(ValueError, match="presets: gpt2-1.5b"):
         preset("gpt5")
-    with pytest.raises(ValueError, match="known: fp32, megatron, mixed, shardkit"):
+    with pytest.raises(ValueError, match="known: fp32, fp8, megatron, mixed, shardkit"):
         preset("llama3-8b", precision="fp4")
     with pytest.raises(ValueError, match="tensor=3 does not divide"):
         evaluate(preset("llama3-8b"), "h100", tensor=3)

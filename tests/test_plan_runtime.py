@@ -63,7 +63,7 @@ def test_runtime_names_and_bad_values():
     assert {"shardkit", "megatron", "torchtitan", "pytorch-fsdp", "maxtext"} <= set(
         known_runtimes()
     )
-    assert get_runtime("NeMo").name == "megatron"
+    assert get_runtime("NeMo").name == "megatron-core"
     with pytest.raises(ValueError, match=r"unknown runtime 'deepspeedy'; known: maxtext"):
         plan(W, devices=8, hardware="a100", runtime="deepspeedy")
     with pytest.raises(ValueError, match=r"pipeline='eager'; fix: 'lockstep' or 'async'"):

@@ -137,6 +137,11 @@ class Traffic:
             kind, nbytes, size
         )
         intra, inter = collective_time_parts(kind, nbytes, size, hw, inner=inner)
+        if axis == "tensor" and inter:
+            # tensor parallelism across domains: per-layer collectives on the critical path
+            # run as flat rings whose every chip sends its whole share over its own NIC
+            # (no node-level reduction first): a x the hierarchical cross-domain time
+            inter *= split_domains(hw, size, inner)[0]
         self.times[axis] += count * (intra + inter)
         self.across[axis] += count * inter
 
@@ -167,6 +172,7 @@ def layout_traffic(
     tp_rings: int = 0,
     block_runs: int = 0,
     fsdp_regather: bool = False,
+    split_sends: bool = False,
 ) -> Traffic:
     """The collectives of one layout per device per step, with their times.
 
@@ -177,12 +183,10 @@ def layout_traffic(
     reduce-scatter each under sequence parallelism; with collective matmul `tp_rings` of them
     are rings of tensor - 1 collective-permutes of a sequence slice, the same bytes; `block_runs`
     blocks run per step, for the gathers "block" remat repeats);
-    a pipeline sends an activation and a gradient at every one of the executor's `steps`;
-    `fsdp_regather`: blocks are gathered again for the backward (PyTorch FSDP) without remat.
-    """
-    t = Traffic()
-    m, b, c = microbatches, micro_batch, compute_bytes
-    replicas = data * fsdp
+    a pipeline sends an activation and a gradient at every one of the executor's `steps`
+    (1/tensor of it with `split_sends`: Megatron's scatter/gather); `fsdp_regather`: blocks
+    are gathered again for the backward (PyTorch FSDP) without remat."""
+    t, (m, b, c), replicas = Traffic(), (microbatches, micro_batch, compute_bytes), data * fsdp
 
     def add(kind, nbytes, count, axis, size, inner):
         t.add(kind, nbytes, count, axis, size, inner, hw)
@@ -230,7 +234,7 @@ def layout_traffic(
         # logit (f32), on the last stage
         add("all-reduce", 4 * w.seq * b, 3 * m, "tensor", tensor, 1)
     add("all-reduce", 4, 1, "data", replicas, tensor)  # the loss, averaged over the batch
-    sends = activation_bytes / (tensor if sp else 1)  # SP sends each rank's sequence slice
+    sends = activation_bytes / (tensor if sp or split_sends else 1)  # each rank's slice
     # the lockstep executor sends an activation and a gradient every step, idle lanes too
     add("collective-permute", sends, 2 * steps, "stage", stage, tensor * fsdp * data)
     if stage > 1 and getattr(w, "ends_on_every_stage", False):

@@ -327,11 +327,11 @@ def evaluate(
         tp_count=work.tp_count, sequence_parallel=sp, head_on_busiest=work.head_on_busiest,
         tp_rings=work.tp_count - 2 * m if cm else 0,  # all but the head's and embedding's
         block_runs=-(-w.layers // stage) * m if isinstance(w, Transformer) else 0,
-        fsdp_regather=rt.fsdp_regather,
+        fsdp_regather=rt.fsdp_regather, split_sends=rt.split_sends,
     )  # fmt: skip
-    compute = work.flops / (peak * rt.ceiling_for(hw))
-    # the rings' transfers run beside the block matmuls' other (tensor - 1) / tensor
-    window = compute * work.block_matmul_share * (tensor - 1) / tensor if cm else 0.0
+    compute = work.flops / (peak * rt.ceiling_for(hw, prec.compute_dtype))
+    compute += work.elementwise_bytes / hw.hbm_bw
+    window = compute * work.block_matmul_share * (tensor - 1) / tensor if cm else 0.0  # rings
     t = _step_time(compute, traffic, pf.bubble, m, state, hw, window, rt.tensor_overlap)
     return Candidate(
         data=data, fsdp=fsdp, tensor=tensor, stage=stage, zero=zero, microbatches=m,
@@ -458,6 +458,7 @@ class _Compute(NamedTuple):
     tp_count: int  # tensor all-reduces per step on the busiest device
     head_on_busiest: bool  # whether the busiest device computes the loss head
     block_matmul_share: float = 0.0  # share of `flops` in the blocks' weight matmuls
+    elementwise_bytes: float = 0.0  # memory-bound traffic of the blocks' other ops
 
 
 def _transformer_compute(w, *, b, m, tensor, stage, remat, replicas, local_layers,
@@ -498,6 +499,15 @@ def _transformer_compute(w, *, b, m, tensor, stage, remat, replicas, local_layer
         tp_count=tp_count,
         head_on_busiest=head_on_busiest,
         block_matmul_share=tokens * local_layers * 6 * w.layer_matmul_params() / tensor / flops,
+        # norms, activations, residuals, softmax...: `Runtime.elementwise` passes over h per
+        # token and block, split like the block's work, rerun with it under "block" remat
+        elementwise_bytes=tokens
+        * local_layers
+        * rt.elementwise
+        * w.d_model
+        * c
+        / tensor
+        * (layer_flops / (6 * w.layer_matmul_params() + 12 * w.seq * w.q_width)),
     )
 
 

@@ -225,6 +225,7 @@ class Hardware:
 _DTYPE_ALIASES = {"bfloat16": "bf16", "float32": "fp32", "f32": "fp32", "float8": "fp8"}
 
 _GB = 1e9
+_GIB = 2**30  # an A100's "80GB" is 80 GiB (nvidia-smi: 81920 MiB)
 _T = 1e12
 # share of FSDP / data-parallel traffic across GPU nodes (NCCL over InfiniBand/RoCE) hidden
 # behind compute: fitted to torchtitan's Llama-3.1 8B FSDP runs on 8 vs 128 H100s (module
@@ -235,16 +236,16 @@ PROFILES: dict[str, Hardware] = {
     "a100": Hardware(
         name="a100", description="NVIDIA A100 SXM 80GB, 8 per NVSwitch node, HDR InfiniBand",
         peak_flops={"bf16": 312 * _T, "fp16": 312 * _T, "tf32": 156 * _T, "fp32": 19.5 * _T},
-        hbm_bytes=80 * _GB, hbm_bw=2.039 * _T, intra_bw=300 * _GB, inter_bw=25 * _GB,
+        hbm_bytes=80 * _GIB, hbm_bw=2.039 * _T, intra_bw=300 * _GB, inter_bw=25 * _GB,
         domain=8, topology="switch", eff_intra=0.67, mfu_ceiling=0.62, overlap_inter=_IB_OVERLAP,
-        source="GK (datasheet), SB-g, nccl-tests#149",
+        source="GK (datasheet), SB-g, nccl-tests#149; nvidia-smi memory.total 81920 MiB",
     ),
     "a100-40gb": Hardware(
         name="a100-40gb", description="NVIDIA A100 SXM 40GB",
         peak_flops={"bf16": 312 * _T, "fp16": 312 * _T, "tf32": 156 * _T, "fp32": 19.5 * _T},
-        hbm_bytes=40 * _GB, hbm_bw=1.555 * _T, intra_bw=300 * _GB, inter_bw=25 * _GB,
+        hbm_bytes=40 * _GIB, hbm_bw=1.555 * _T, intra_bw=300 * _GB, inter_bw=25 * _GB,
         domain=8, topology="switch", eff_intra=0.67, mfu_ceiling=0.62, overlap_inter=_IB_OVERLAP,
-        source="GK (datasheet), SB-g, nccl-tests#149",
+        source="GK (datasheet), SB-g, nccl-tests#149; nvidia-smi memory.total 40960 MiB",
     ),
     "h100": Hardware(
         name="h100", description="NVIDIA H100 SXM 80GB, 8 per NVSwitch node, NDR 400G per GPU",

@@ -79,6 +79,9 @@ PRECISIONS: dict[str, Precision] = {
     # Megatron-LM / DeepSpeed ZeRO-3: bf16 weights, fp32 main grads, fp32 master: 18 B/param
     "megatron": Precision("megatron", params=2, grads=4, master=4, compute=2),
     "fp32": Precision("fp32", params=4, grads=4, master=0, compute=4, compute_dtype="fp32"),
+    # Transformer Engine fp8 under Megatron-LM / NeMo: the "megatron" state, bf16 activations,
+    # matmuls at the fp8 peak
+    "fp8": Precision("fp8", params=2, grads=4, master=4, compute=2, compute_dtype="fp8"),
 }
 
 # the Trainer's names (its compute dtype, `shardkit train --precision`) for the same settings

@@ -63,6 +63,8 @@ class Runtime:
     recompute: Literal["dead-code", "forward"] = "dead-code"
     fsdp_regather: bool = False
     tensor_overlap: float = 0.0
+    elementwise: float = 0.0
+    split_sends: bool = False
     ceiling: dict[str, float] = dataclasses.field(default_factory=dict)
     description: str = ""
 
@@ -82,8 +84,11 @@ class Runtime:
                 "[0, 1]; fix: tensor_overlap=0.0."
             )
 
-    def ceiling_for(self, hardware) -> float:
-        """The achievable share of peak of this stack on `hardware` (a `Hardware`)."""
+    def ceiling_for(self, hardware, dtype: str = "bf16") -> float:
+        """The share of `hardware`'s `dtype` peak this stack's matmuls reach ("h100/fp8" keys
+        an fp8 figure; else the bf16 one; else `Hardware.mfu_ceiling`)."""
+        if dtype != "bf16" and f"{hardware.name}/{dtype}" in self.ceiling:
+            return self.ceiling[f"{hardware.name}/{dtype}"]
         return self.ceiling.get(hardware.name, hardware.mfu_ceiling)
 
     def replace(self, **changes) -> Runtime:
@@ -95,26 +100,34 @@ RUNTIMES: dict[str, Runtime] = {
         name="shardkit", description="shardkit: XLA, lockstep pipeline table, jax.checkpoint"
     ),
     "megatron": Runtime(
-        name="megatron", pipeline="async", recompute="forward",
+        name="megatron", pipeline="async", recompute="forward", split_sends=True,
+        elementwise=300, ceiling={"a100": 0.62, "h100": 0.6},
         description="Megatron-LM / NeMo: asynchronous 1F1B, full recompute reruns the forward",
+    ),
+    "megatron-core": Runtime(
+        name="megatron-core", pipeline="async", recompute="forward", split_sends=True,
+        tensor_overlap=0.5, elementwise=300, ceiling={"h100": 0.6, "h100/fp8": 0.555},
+        description="Megatron-Core / NeMo with Transformer Engine: tensor traffic overlapped",
     ),
     "torchtitan": Runtime(
         name="torchtitan", pipeline="async", recompute="forward", fsdp_regather=True,
+        elementwise=300, ceiling={"h100-96gb": 0.415, "h100-96gb/fp8": 0.46},
         description="torchtitan: FSDP2 reshards after forward, torch.distributed.pipelining",
     ),
     "pytorch-fsdp": Runtime(
         name="pytorch-fsdp", pipeline="async", recompute="forward", fsdp_regather=True,
+        elementwise=300, ceiling={"a100": 0.8, "a100-40gb": 0.8, "h100": 0.68},
         description="PyTorch FSDP FULL_SHARD (llm-foundry, DeepSpeed ZeRO-3 alike)",
     ),
     "maxtext": Runtime(
-        name="maxtext", tensor_overlap=0.9,
+        name="maxtext", tensor_overlap=0.9, ceiling={"tpu-v5e": 0.76, "tpu-v4": 0.69},
         description="MaxText: XLA on TPU/GPU, asynchronous collectives beside the matmuls",
     ),
 }  # fmt: skip
 
-_ALIASES = {"nemo": "megatron", "megatron-lm": "megatron", "llm-foundry": "pytorch-fsdp",
-            "fsdp": "pytorch-fsdp", "xla": "shardkit", "lockstep": "shardkit",
-            "async": "megatron"}  # fmt: skip
+_ALIASES = {"nemo": "megatron-core", "mcore": "megatron-core", "megatron-lm": "megatron",
+            "llm-foundry": "pytorch-fsdp", "fsdp": "pytorch-fsdp", "xla": "shardkit",
+            "lockstep": "shardkit", "async": "megatron"}  # fmt: skip
 
 
 def known_runtimes() -> list[str]:

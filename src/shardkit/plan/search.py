@@ -126,9 +126,9 @@ def plan(
     Example:
         >>> p = plan("gpt3-175b", devices=1024, hardware="a100", batch=1536)
         >>> p.best.layout
-        'stage=4 fsdp=32 tensor=8 (ZeRO-1)'
+        'stage=2 fsdp=64 tensor=8 (ZeRO-1)'
         >>> p.rank(p.find(data=8, tensor=8, stage=16))  # Megatron's layout, with ZeRO allowed
-        15
+        20
     """
     hw = get_hardware(hardware)
     w = _as_workload(workload, batch)
