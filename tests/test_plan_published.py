@@ -2,11 +2,11 @@
 
 Each run is planned with the settings it ran with and its stack's runtime
 (`shardkit.plan.published.compare`); `python benchmarks/plan_published.py` prints the table.
-Held here: median |predicted / published MFU - 1| <= 8% over the whole set; every GPU run
-within 25% and predicted to fit. Regression bounds where the targets (every run within 25%,
-the published layout in the top 3 for 85%, every run predicted to fit) are not met yet, as
-docs/plan.md records: the TPU runs (multi-slice MFU falling with the slice count; MaxText's
-selective remat predicted too large on v5p) and the ranking.
+Held here, on the scored runs: median |predicted / published MFU - 1| <= 8%, every run within
+25%, the published layout among the planner's first three for >= 85% of the runs, and every
+GPU run predicted to fit. Four TPU runs that ran are still predicted not to fit (MaxText's
+selective remat on v5p and the 32B model on v5e: docs/plan.md); that count is held as a
+regression bound, the target being 0.
 """
 
 import pathlib
@@ -44,21 +44,19 @@ def _gpu(run_id: str) -> bool:
 @pytest.mark.parametrize("run_id", [r["id"] for r in SCORED])
 def test_each_run_is_predicted_within_25_percent_and_gpu_runs_fit(rows, run_id):
     row = rows[run_id]
-    bound = 0.25 if _gpu(run_id) else 0.30  # one TPU multi-slice run is at 27.5%
-    assert abs(row.ratio - 1) <= bound, (row.layout, row.published_mfu, row.predicted_mfu)
+    assert abs(row.ratio - 1) <= 0.25, (row.layout, row.published_mfu, row.predicted_mfu)
     if _gpu(run_id):
         assert row.fits, f"{run_id} ran, but is predicted not to fit ({row.margin:+.0%})"
 
 
-def test_median_error_and_the_published_layout_near_the_top(rows):
+def test_median_error_and_the_published_layout_in_the_top_three(rows):
     errors = [abs(r.ratio - 1) for r in rows.values()]
     assert statistics.median(errors) <= 0.08
     top3 = [r for r in rows.values() if r.rank is not None and r.rank <= 3]
-    # the target is 85%; 25 of 36 (69%) today
-    assert len(top3) / len(rows) >= 0.65, sorted(
+    assert len(top3) / len(rows) >= 0.85, sorted(
         (r.id, r.rank, r.top) for r in rows.values() if r not in top3
     )
-    assert sum(not r.fits for r in rows.values()) <= 5  # the target is 0: TPU rows
+    assert sum(not r.fits for r in rows.values()) <= 4  # the target is 0: four TPU rows
 
 
 def test_hfu_counts_the_recompute_megatron_published():
@@ -72,9 +70,9 @@ def test_hfu_counts_the_recompute_megatron_published():
             )
 
 
-def test_a_run_outside_the_model_is_named_not_scored():
-    cp = [r for r in RUNS if not_modelled(r)]
-    assert all("context parallelism" in not_modelled(r) for r in cp)
+def test_runs_outside_the_model_are_named_not_scored():
+    cp = [r for r in RUNS if int(r.get("context", 1)) > 1]
+    assert cp and all("context parallelism" in not_modelled(r) for r in cp)
     if cp:
         with pytest.raises(ValueError, match="context parallelism .* is not modelled"):
             compare(cp[0])

@@ -44,8 +44,11 @@ Achievable fractions are parameters (`Hardware.replace(mfu_ceiling=...)`):
   128 (16 nodes). The torch.compile run is the one the H100 ceiling describes (6,667 tokens/s
   x 57.9 GFLOP/token = 39% of 989 TFLOP/s); the planner predicts its 2.3% loss at a hidden
   share of 0.4 (`shardkit.plan.cost._exposed`; `tests/test_plan_model.py` checks the fit), so
-  GPU profiles take 0.4 across nodes. TPU profiles keep 0.9 across slices: no
-  comparable measurement was found.
+  GPU profiles take 0.4 across nodes. TPU profiles hide nothing across slices (0): XLA
+  reduces a scanned layer stack's gradients over the data-centre network after the loop, with
+  no compute left to hide it, and MaxText's multi-slice tables (v5e 16B: 61.1% on 1 slice,
+  54.7% on 32; v5p 128B: 68.8% on 1, 59.7% on 2) lose more than the planner predicts even so
+  (`tests/data/published_tpu.toml`).
 
 Example:
     >>> h100 = get_hardware("h100")
@@ -286,6 +289,7 @@ PROFILES: dict[str, Hardware] = {
         peak_flops={"bf16": 275 * _T, "int8": 275 * _T},
         hbm_bytes=32 * _GB, hbm_bw=1.2 * _T, intra_bw=45 * _GB, inter_bw=6.25 * _GB,
         domain=4096, topology="torus3d", latency_intra=1e-6, eff_intra=0.9, mfu_ceiling=0.6,
+        overlap_inter=0.0,
         source="SB-t; PaLM (arXiv:2204.02311) for the ceiling",
     ),
     "tpu-v5e": Hardware(
@@ -293,6 +297,7 @@ PROFILES: dict[str, Hardware] = {
         peak_flops={"bf16": 197 * _T, "int8": 394 * _T},
         hbm_bytes=16 * _GB, hbm_bw=0.82 * _T, intra_bw=45 * _GB, inter_bw=3.125 * _GB,
         domain=256, topology="torus2d", latency_intra=1e-6, eff_intra=0.9, mfu_ceiling=0.6,
+        overlap_inter=0.0,
         source="GC, SB-t; MaxText v5e README for the ceiling",
     ),
     "tpu-v5p": Hardware(
@@ -300,6 +305,7 @@ PROFILES: dict[str, Hardware] = {
         peak_flops={"bf16": 459 * _T, "int8": 918 * _T, "fp8": 459 * _T},
         hbm_bytes=95 * _GB, hbm_bw=2.765 * _T, intra_bw=90 * _GB, inter_bw=6.25 * _GB,
         domain=8960, topology="torus3d", latency_intra=1e-6, eff_intra=0.9, mfu_ceiling=0.7,
+        overlap_inter=0.0,
         source="GC, SB-t (90 GB/s effective per link); MaxText README for the ceiling",
     ),
     "tpu-v6e": Hardware(
@@ -307,6 +313,7 @@ PROFILES: dict[str, Hardware] = {
         peak_flops={"bf16": 918 * _T, "int8": 1836 * _T},
         hbm_bytes=32 * _GB, hbm_bw=1.64 * _T, intra_bw=90 * _GB, inter_bw=12.5 * _GB,
         domain=256, topology="torus2d", latency_intra=1e-6, eff_intra=0.9, mfu_ceiling=0.55,
+        overlap_inter=0.0,
         source="GC, SB-t; MaxText custom-model guide (39.8% at 900B dense) for the ceiling",
     ),
     "cpu": Hardware(

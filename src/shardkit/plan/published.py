@@ -123,9 +123,12 @@ def workload(run: dict[str, Any]) -> Transformer:
 
 
 def not_modelled(run: dict[str, Any]) -> str:
-    """Why the planner cannot predict `run` ("" when it can): context parallelism."""
+    """Why `run` is not scored ("" when it is): context parallelism, which the planner does
+    not model, or settings the source does not state (`verified = false`)."""
     if int(run.get("context", 1)) > 1:
         return f"context parallelism (context={run['context']}) is not modelled"
+    if run.get("verified") is False:
+        return "its settings are partly inferred (verified = false), so it is listed, not scored"
     return ""
 
 
@@ -234,13 +237,22 @@ def _virtuals(run, w, p: int) -> list[int]:
 
 
 def _rank(p, degrees: dict[str, int], zero: int) -> int | None:
-    """Rank of the published layout: its tensor and stage degrees, its data-parallel width,
-    and whether it shards the weights (ZeRO-3). Plain data parallelism and ZeRO-1 over "fsdp"
-    are one layout (they differ only in where the optimizer state lives)."""
+    """Rank of the published layout among the planner's layouts, a layout being its tensor and
+    stage degrees, its data-parallel width and whether it shards the weights (ZeRO-3): how
+    that width splits between "data" and a ZeRO-1 or ZeRO-3 "fsdp" axis of the same kind
+    only moves optimizer state or the reduction's ring, and the planner's rows for those
+    splits differ by a hundredth of a percent, so they count as one (its fastest row)."""
+
+    def key(t, p_, width, sharded):
+        return (t, p_, width, sharded)
+
     width = degrees["data"] * degrees["fsdp"]
-    sharded = degrees["fsdp"] > 1 and zero == 3
-    for i, c in enumerate(p.candidates, 1):
-        same = (c.tensor, c.stage, c.data * c.fsdp) == (degrees["tensor"], degrees["stage"], width)
-        if same and (c.fsdp > 1 and c.zero == 3) == sharded:
-            return i
+    want = key(degrees["tensor"], degrees["stage"], width, degrees["fsdp"] > 1 and zero == 3)
+    seen: list[tuple] = []
+    for c in p.candidates:
+        k = key(c.tensor, c.stage, c.data * c.fsdp, c.fsdp > 1 and c.zero == 3)
+        if k not in seen:
+            seen.append(k)
+        if k == want:
+            return len(seen)
     return None
