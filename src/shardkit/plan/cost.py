@@ -303,11 +303,8 @@ def evaluate(
     zero = zero if fsdp > 1 else 0
     pf = pipe.facts(schedule, stage, m, v, runtime=rt.pipeline)  # steps, in-flight, bubble
     w, prec = workload, get_precision(workload.precision)
-    c, (wb, _, _), peak = (
-        prec.compute,
-        bytes_per_param(prec, w.optimizer),
-        hw.peak(prec.compute_dtype),
-    )
+    c, peak = prec.compute, hw.peak(prec.compute_dtype)
+    wb, _, _ = bytes_per_param(prec, w.optimizer)
     sp = sequence_parallel and tensor > 1 and isinstance(w, Transformer)
     cm, devices = collective_matmul and sp and stage == 1, replicas * tensor * stage
     n_stage, mem, work, block_c, gather_calls = _model_terms(
@@ -492,6 +489,10 @@ def _transformer_compute(w, *, b, m, tensor, stage, remat, replicas, local_layer
         first = local_layers * (_tp_all_reduces(w, remat) + 2) * m
         if first > tp_count:
             tp_count, head_on_busiest = first, False
+    # norms, activations, residuals, softmax...: `Runtime.elementwise` passes over h per token
+    # and block, split like the block's work and rerun with it under "block" remat
+    rerun = layer_flops / (6 * w.layer_matmul_params() + 12 * w.seq * w.q_width)
+    elementwise = tokens * local_layers * rt.elementwise * w.d_model * c / tensor * rerun
     return _Compute(
         flops=flops,
         model_flops=w.tokens * w.model_flops_per_token(),
@@ -499,15 +500,7 @@ def _transformer_compute(w, *, b, m, tensor, stage, remat, replicas, local_layer
         tp_count=tp_count,
         head_on_busiest=head_on_busiest,
         block_matmul_share=tokens * local_layers * 6 * w.layer_matmul_params() / tensor / flops,
-        # norms, activations, residuals, softmax...: `Runtime.elementwise` passes over h per
-        # token and block, split like the block's work, rerun with it under "block" remat
-        elementwise_bytes=tokens
-        * local_layers
-        * rt.elementwise
-        * w.d_model
-        * c
-        / tensor
-        * (layer_flops / (6 * w.layer_matmul_params() + 12 * w.seq * w.q_width)),
+        elementwise_bytes=elementwise,
     )
 
 

@@ -23,11 +23,27 @@ differences that move step time or memory:
   (JAX without remat: the gathered weight is an input of the matmul's VJP, so autodiff saves
   it per layer; XLA on GPU and TPU keeps it, as on CPU, `docs/plan.md`).
 * `tensor_overlap`: share of the blocks' tensor-parallel collectives hidden behind compute.
-  XLA on TPU runs them asynchronously beside the independent matmuls (MaxText's tensor
-  parallel runs); NCCL all-reduces in Megatron's tensor parallelism block the next matmul (0,
-  Narayanan et al. 2021 §3.3).
-* `ceiling`: hardware name -> share of peak the stack's large matmul-bound step reaches
-  (`Hardware.mfu_ceiling` for the others); each with its source in `CEILING_SOURCES`.
+  XLA on TPU runs them asynchronously beside the independent matmuls (MaxText: 0.9);
+  Megatron-LM's all-reduces block the next matmul (0, Narayanan et al. 2021 §3.3); Megatron-
+  Core with Transformer Engine's communication overlap: 0.5 (assumed, fitted to its 2024
+  H100 table).
+* `split_sends`: a pipeline send carries 1/tensor of the activation over the network and is
+  all-gathered inside the node (Megatron's scatter/gather, Narayanan et al. 2021 §4.1).
+* `elementwise`: memory-bound passes over the residual width per token and block (norms,
+  activation functions, residual adds, softmax bookkeeping, their gradients), read and written
+  at HBM bandwidth beside the matmuls. It makes a narrow model reach less of the peak: the
+  matmul FLOPs of a block grow as h^2, this traffic as h. 300 fits Megatron-LM's A100 table
+  (1.7B at 44% of peak in hardware FLOPs, 1T at 52%: predicted within 10% from h = 2304 to
+  25600) and agrees with torchtitan's 8B/70B and llm-foundry's 1B-70B trends; XLA fuses most
+  of these ops into the matmuls (0 for shardkit and MaxText, whose TPU table shows no such
+  trend).
+* `ceiling`: hardware name (or "name/fp8") -> share of the peak the stack's matmuls reach
+  (else `Hardware.mfu_ceiling`). Fitted per stack to its published runs with the terms above
+  in place (`tests/data/published_*.toml`): Megatron-LM A100 0.62 and H100 0.6 (Megatron-
+  Core's 1.7B row, which has no tensor or pipeline traffic); llm-foundry (PyTorch FSDP) A100
+  0.8, H100 0.68; torchtitan H100 0.415 (Llama 3.1 8B) and 0.46 of the fp8 peak with Float8;
+  NeMo fp8 0.555 of the fp8 peak; MaxText v5e 0.76 and v4 0.69 (its MFU counts no
+  recompute, so the planner's own recompute comes on top).
 
 Example:
     >>> get_runtime("megatron").pipeline, get_runtime("shardkit").pipeline
@@ -53,8 +69,10 @@ class Runtime:
         fsdp_regather: ZeRO-3 weights are freed after the forward and gathered again for the
             backward (PyTorch FSDP) rather than kept for it (XLA without remat).
         tensor_overlap: share of tensor-parallel collectives hidden behind compute.
-        ceiling: hardware name -> achievable share of peak for this stack (else the
-            hardware's `mfu_ceiling`).
+        elementwise: memory-bound passes over h per token and block (module docstring).
+        split_sends: pipeline sends carry 1/tensor of the activation (Megatron).
+        ceiling: hardware name (or "name/fp8") -> achievable share of peak for this stack
+            (else the hardware's `mfu_ceiling`).
         description: one line for tables.
     """
 
