@@ -80,3 +80,16 @@ def test_tensor_overlap_hides_tensor_traffic():
     assert plain.step_time - over.step_time == pytest.approx(
         0.9 * plain.comm_time["tensor"], rel=1e-6
     )
+
+
+def test_cli_plans_for_a_runtime_and_shows_hfu_and_margin(capsys):
+    from shardkit.cli import main
+
+    argv = ["plan", "--model", "gpt3-175b", "--devices", "1024", "--hardware", "a100"]
+    assert main([*argv, "--runtime", "megatron", "--zero", "none", "--top", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "as the megatron runtime runs them" in out and "MFU / HFU" in out
+    assert "margin)" in out and "(HFU " in out
+    with pytest.raises(SystemExit):
+        main([*argv, "--runtime", "megatronn"])
+    assert "invalid choice: 'megatronn'" in capsys.readouterr().err
