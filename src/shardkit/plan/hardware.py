@@ -303,10 +303,11 @@ PROFILES: dict[str, Hardware] = {
     "tpu-v5p": Hardware(
         name="tpu-v5p", description="TPU v5p 95GB, 3-D torus ICI, slices to 8960 chips",
         peak_flops={"bf16": 459 * _T, "int8": 918 * _T, "fp8": 459 * _T},
-        hbm_bytes=95 * _GB, hbm_bw=2.765 * _T, intra_bw=90 * _GB, inter_bw=6.25 * _GB,
+        hbm_bytes=95 * _GIB, hbm_bw=2.765 * _T, intra_bw=90 * _GB, inter_bw=6.25 * _GB,
         domain=8960, topology="torus3d", latency_intra=1e-6, eff_intra=0.9, mfu_ceiling=0.7,
         overlap_inter=0.0,
-        source="GC, SB-t (90 GB/s effective per link); MaxText README for the ceiling",
+        source="GC (95 GiB: what JAX may allocate of 96 GiB), SB-t (90 GB/s effective per "
+        "link); MaxText README for the ceiling",
     ),
     "tpu-v6e": Hardware(
         name="tpu-v6e", description="TPU v6e (Trillium) 32GB, 2-D torus ICI 16x16",
