@@ -28,12 +28,14 @@ Sources (figures as collected in the project's planner notes):
 Achievable fractions are parameters (`Hardware.replace(mfu_ceiling=...)`):
 
 * `mfu_ceiling`: the share of peak a large bf16 matmul-bound training step reaches with no
-  communication or bubble. Calibrated per chip from published runs: A100 0.62 (Megatron,
-  arXiv:2104.04473: 138-163 TFLOP/s per GPU with recomputation, i.e. ~45-52% of peak after its
-  tensor-parallel all-reduces and bubble), H100 0.39 (torchtitan, Llama-3.1 8B FSDP on 8 GPUs:
-  33-39% MFU; Megatron-LM's fused kernels reach 41-48%; H200, B200 and MI300X assumed alike),
-  TPU v4 0.6 (PaLM: 46.2% MFU, 57.8% HFU), v5p 0.7 and
-  v5e 0.6 (MaxText README: 64-72% and 55-61%).
+  communication or bubble, applied to the FLOPs executed (recompute included, so it is
+  calibrated on hardware-FLOP rates). It is the default runtime's ("shardkit"); the runtimes
+  of other stacks carry their own per-chip figures, fitted to their published runs
+  (`shardkit.plan.runtime`). Calibrated per chip from published runs: A100 0.62 (Megatron,
+  arXiv:2104.04473: 138-163 TFLOP/s per GPU counted with recomputation, ~45-52% of peak after
+  its tensor-parallel all-reduces and bubble), H100 0.39 (torchtitan, Llama-3.1 8B FSDP on 8
+  GPUs: 33-39% MFU; H200, B200 and MI300X assumed alike), TPU v4 0.6 (PaLM: 46.2% MFU,
+  57.8% HFU), v5p 0.7 and v5e 0.6 (MaxText README: 64-72% and 55-61%).
 * `eff_intra` / `eff_inter`: achieved over nominal bandwidth (NVLink ring 0.82, IB 0.92,
   ICI 0.9 assumed).
 * `overlap` / `overlap_inter`: the share of FSDP and data-parallel traffic that compute hides,
