@@ -230,7 +230,9 @@ class Hardware:
 _DTYPE_ALIASES = {"bfloat16": "bf16", "float32": "fp32", "f32": "fp32", "float8": "fp8"}
 
 _GB = 1e9
-_GIB = 2**30  # an A100's "80GB" is 80 GiB (nvidia-smi: 81920 MiB)
+# HBM sizes sold as "GB" are GiB: an A100's 80GB is 81920 MiB (nvidia-smi); JAX reports
+# 31.25 GiB allocatable on a 32 GiB TPU v6e (33,550,237,696 bytes, vllm#16211's usage log)
+_GIB = 2**30
 _T = 1e12
 # share of FSDP / data-parallel traffic across GPU nodes (NCCL over InfiniBand/RoCE) hidden
 # behind compute: fitted to torchtitan's Llama-3.1 8B FSDP runs on 8 vs 128 H100s (module
@@ -289,7 +291,7 @@ PROFILES: dict[str, Hardware] = {
     "tpu-v4": Hardware(
         name="tpu-v4", description="TPU v4 32GB, 3-D torus ICI, 4096-chip pod",
         peak_flops={"bf16": 275 * _T, "int8": 275 * _T},
-        hbm_bytes=32 * _GB, hbm_bw=1.2 * _T, intra_bw=45 * _GB, inter_bw=6.25 * _GB,
+        hbm_bytes=32 * _GIB, hbm_bw=1.2 * _T, intra_bw=45 * _GB, inter_bw=6.25 * _GB,
         domain=4096, topology="torus3d", latency_intra=1e-6, eff_intra=0.9, mfu_ceiling=0.6,
         overlap_inter=0.0,
         source="SB-t; PaLM (arXiv:2204.02311) for the ceiling",
@@ -297,7 +299,7 @@ PROFILES: dict[str, Hardware] = {
     "tpu-v5e": Hardware(
         name="tpu-v5e", description="TPU v5e 16GB, 2-D torus ICI 16x16",
         peak_flops={"bf16": 197 * _T, "int8": 394 * _T},
-        hbm_bytes=16 * _GB, hbm_bw=0.82 * _T, intra_bw=45 * _GB, inter_bw=3.125 * _GB,
+        hbm_bytes=16 * _GIB, hbm_bw=0.82 * _T, intra_bw=45 * _GB, inter_bw=3.125 * _GB,
         domain=256, topology="torus2d", latency_intra=1e-6, eff_intra=0.9, mfu_ceiling=0.6,
         overlap_inter=0.0,
         source="GC, SB-t; MaxText v5e README for the ceiling",
@@ -314,7 +316,7 @@ PROFILES: dict[str, Hardware] = {
     "tpu-v6e": Hardware(
         name="tpu-v6e", description="TPU v6e (Trillium) 32GB, 2-D torus ICI 16x16",
         peak_flops={"bf16": 918 * _T, "int8": 1836 * _T},
-        hbm_bytes=32 * _GB, hbm_bw=1.64 * _T, intra_bw=90 * _GB, inter_bw=12.5 * _GB,
+        hbm_bytes=32 * _GIB, hbm_bw=1.64 * _T, intra_bw=90 * _GB, inter_bw=12.5 * _GB,
         domain=256, topology="torus2d", latency_intra=1e-6, eff_intra=0.9, mfu_ceiling=0.55,
         overlap_inter=0.0,
         source="GC, SB-t; MaxText custom-model guide (39.8% at 900B dense) for the ceiling",
