@@ -455,7 +455,7 @@ def test_docstring_examples_run_as_written():
     import importlib
 
     for name in ("__init__", "workload", "hardware", "memory", "comm", "roofline", "cost",
-                 "search"):  # fmt: skip
+                 "search", "runtime", "pipe", "published"):  # fmt: skip
         module = importlib.import_module(
             "shardkit.plan" if name == "__init__" else f"shardkit.plan.{name}"
         )

@@ -9,10 +9,11 @@ planner thinks it fits. `benchmarks/plan_published.py` prints the table for the 
 `tests/data/published_*.toml`; `tests/test_plan_published.py` holds the planner to them.
 
 Keys of a run (Megatron's notation; see `tests/data/published_gpu.toml`): id, source, stack,
-hardware, devices, layers, d_model, heads, kv_heads, d_ff, gated, vocab, seq, tied, positions,
-batch (global, in sequences), micro_batch, data, fsdp, zero, tensor, stage, virtual, schedule,
-sequence_parallel, recompute ("full", "selective" or "none"), mfu (model FLOPs over the bf16
-peak), hfu (optional).
+hardware, devices, slices (TPU slices over the data-centre network), dtype ("fp8" for fp8
+matmuls), layers, d_model, heads, kv_heads, head_dim, d_ff, gated, vocab, seq, tied,
+positions, batch (global, in sequences), micro_batch, data, fsdp, zero, tensor, stage,
+context, virtual, schedule, sequence_parallel, recompute ("full", "selective" or "none"), mfu
+(model FLOPs over the bf16 peak), hfu (optional), verified (false: settings partly inferred).
 
 Example:
     >>> run = dict(id="toy", stack="megatron", hardware="a100", devices=8, layers=4,
@@ -136,7 +137,8 @@ def compare(run: dict[str, Any], **overrides: Any) -> Comparison:
     """Plans `run`'s model on its machine with its settings; see `Comparison`.
 
     The published configuration is evaluated as it ran; where the source does not state the
-    micro-batch or the recomputation, the planner's fastest choice for that layout stands in.
+    micro-batch, the recomputation or the interleaving, the planner's fastest choice for that
+    layout stands in.
     MFU is against the bf16 peak, as published (also for fp8 runs).
 
     Args:
@@ -190,7 +192,7 @@ def compare(run: dict[str, Any], **overrides: Any) -> Comparison:
     bf16 = c.model_flops / (c.step_time * c.devices * hw.peak("bf16"))
     return Comparison(
         id=run["id"], source=run.get("source", ""), hardware=hw.name,
-        devices=run["devices"], runtime=settings["runtime"], layout=c.layout,
+        devices=run["devices"], runtime=c.runtime, layout=c.layout,
         published_mfu=run["mfu"], predicted_mfu=bf16, published_hfu=run.get("hfu"),
         predicted_hfu=bf16 * c.hfu / c.mfu, rank=rank, top=top, fits=c.fits,
         margin=c.margin, candidate=c,
