@@ -51,9 +51,9 @@ def _as_workload(workload: Any, batch: int | None) -> Transformer | Dense:
     return workload.replace(batch=batch) if batch is not None else workload
 
 
-def _layouts(w: Transformer | Dense, n: int, max_stage: int | None):
-    """(data, fsdp, tensor, stage) tuples allowed by the shapes, and why others were not."""
-    out = []
+def _model_splits(w: Transformer | Dense, n: int, max_stage: int | None):
+    """(tensor, stage) degrees of `n` devices that the shapes allow: tensor divides the heads
+    and d_ff, every stage holds at least one layer (equal stages unless uneven)."""
     for t in divisors(n):
         if isinstance(w, Dense) and t > 1:
             continue
@@ -65,11 +65,18 @@ def _layouts(w: Transformer | Dense, n: int, max_stage: int | None):
             if isinstance(w, Transformer) and (
                 p > w.layers or (w.layers % p and not w.uneven_stages)
             ):
-                continue  # every stage holds at least one layer; equal stages unless uneven
-            for f in divisors(n // (t * p)):
-                d = n // (t * p * f)
-                if w.batch % (d * f) == 0 and (p == 1 or w.batch // (d * f) >= p):
-                    out.append((d, f, t, p))
+                continue
+            yield t, p
+
+
+def _layouts(w: Transformer | Dense, n: int, max_stage: int | None):
+    """(data, fsdp, tensor, stage) tuples allowed by the shapes and the batch."""
+    out = []
+    for t, p in _model_splits(w, n, max_stage):
+        for f in divisors(n // (t * p)):
+            d = n // (t * p * f)
+            if w.batch % (d * f) == 0 and (p == 1 or w.batch // (d * f) >= p):
+                out.append((d, f, t, p))
     return out
 
 
@@ -234,21 +241,7 @@ def _devices_that_fit(w, hw, n, policies, allowed, sched, max_stage) -> int | No
 def _batch_multiple(w, n: int, max_stage: int | None) -> int:
     """The smallest data x fsdp replica count that the shapes allow on `n` devices: every
     batch that is a multiple of it (and holds a micro-batch per stage) has a layout."""
-    best = n
-    for t in divisors(n):
-        if isinstance(w, Transformer) and (w.heads % t or w.ff % t or (w.kv % t and t % w.kv)):
-            continue
-        if isinstance(w, Dense) and t > 1:
-            continue
-        for p in divisors(n // t):
-            if (isinstance(w, Dense) and p > 1) or (max_stage and p > max_stage):
-                continue
-            if isinstance(w, Transformer) and (
-                p > w.layers or (w.layers % p and not w.uneven_stages)
-            ):
-                continue
-            best = min(best, n // (t * p))
-    return best
+    return min((n // (t * p) for t, p in _model_splits(w, n, max_stage)), default=n)
 
 
 def _no_layout_message(w, n: int, max_stage: int | None = None) -> str:
