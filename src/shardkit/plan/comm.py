@@ -46,18 +46,25 @@ def split_domains(hw: Hardware, size: int, inner: int = 1) -> tuple[int, int]:
     return a, math.ceil(size / a)
 
 
-def _rs_parts(nbytes: float, size: int, hw: Hardware, inner: int) -> tuple[float, float]:
+def _rs_parts(
+    nbytes: float, size: int, hw: Hardware, inner: int, flat: bool = False
+) -> tuple[float, float]:
     a, k = split_domains(hw, size, inner)
     intra = inter = 0.0
     if a > 1:
         hops = a / 2 if hw.torus else 1
         intra = hw.latency_intra * hops + nbytes * (a - 1) / a / (hw.axis_bw() * hw.eff_intra)
     if k > 1:
-        inter = hw.latency_inter + (nbytes / a) * (k - 1) / k / (hw.inter_bw * hw.eff_inter)
+        # hierarchical: the domain reduces first and 1/a of the array crosses per chip; flat:
+        # every chip sends its whole share over its own link
+        crossing = nbytes if flat else nbytes / a
+        inter = hw.latency_inter + crossing * (k - 1) / k / (hw.inter_bw * hw.eff_inter)
     return intra, inter
 
 
-def collective_time(kind: str, nbytes: float, size: int, hw: Hardware, *, inner: int = 1):
+def collective_time(
+    kind: str, nbytes: float, size: int, hw: Hardware, *, inner: int = 1, flat: bool = False
+):
     """Seconds for one collective on a V = `nbytes` array over a mesh axis of `size` chips.
 
     Args:
@@ -67,15 +74,17 @@ def collective_time(kind: str, nbytes: float, size: int, hw: Hardware, *, inner:
         size: devices on the mesh axis.
         hw: the hardware profile.
         inner: product of the sizes of the mesh axes laid out inside this one.
+        flat: across domains, a flat ring (each chip's whole share crosses its own link)
+            instead of a hierarchical one (the domain reduces first); see `Traffic.add`.
 
     Raises:
         ValueError: for an unknown kind.
     """
-    return sum(collective_time_parts(kind, nbytes, size, hw, inner=inner))
+    return sum(collective_time_parts(kind, nbytes, size, hw, inner=inner, flat=flat))
 
 
 def collective_time_parts(
-    kind: str, nbytes: float, size: int, hw: Hardware, *, inner: int = 1
+    kind: str, nbytes: float, size: int, hw: Hardware, *, inner: int = 1, flat: bool = False
 ) -> tuple[float, float]:
     """`collective_time` split into (inside the fast domain, across domains) seconds.
 
@@ -91,12 +100,12 @@ def collective_time_parts(
     if size <= 1 or nbytes <= 0:
         return 0.0, 0.0
     if kind in ("all-gather", "reduce-scatter"):
-        return _rs_parts(nbytes, size, hw, inner)
+        return _rs_parts(nbytes, size, hw, inner, flat)
     if kind == "all-reduce":
-        intra, inter = _rs_parts(nbytes, size, hw, inner)
+        intra, inter = _rs_parts(nbytes, size, hw, inner, flat)
         return 2 * intra, 2 * inter
     if kind == "all-to-all":  # each device keeps 1/n and sends (n-1)/n^2 of V to each peer
-        return _rs_parts(nbytes / size, size, hw, inner)
+        return _rs_parts(nbytes / size, size, hw, inner, flat)
     if kind == "collective-permute":
         if inner < hw.domain:
             return hw.latency_intra + nbytes / (hw.intra_bw * hw.eff_intra), 0.0
@@ -136,12 +145,10 @@ class Traffic:
         self.collectives[kind] = self.collectives.get(kind, 0.0) + count * bytes_moved(
             kind, nbytes, size
         )
-        intra, inter = collective_time_parts(kind, nbytes, size, hw, inner=inner)
-        if axis == "tensor" and inter:
-            # tensor parallelism across domains: per-layer collectives on the critical path
-            # run as flat rings whose every chip sends its whole share over its own NIC
-            # (no node-level reduction first): a x the hierarchical cross-domain time
-            inter *= split_domains(hw, size, inner)[0]
+        # tensor parallelism's per-layer collectives sit on the critical path: across
+        # domains they run as flat rings, every chip's share over its own NIC
+        flat = axis == "tensor"
+        intra, inter = collective_time_parts(kind, nbytes, size, hw, inner=inner, flat=flat)
         self.times[axis] += count * (intra + inter)
         self.across[axis] += count * inter
 
