@@ -42,7 +42,11 @@ def table(plan, top: int = 8):
         f"{plan.workload.name}: {plan.workload.n_params() / 1e9:.2f}B params, batch "
         f"{plan.workload.batch}, on {plan.devices} x {hw.name} ({_size(hw.usable_bytes)} of "
         f"{_size(hw.hbm_bytes)} usable) - {len(plan.candidates)} layouts fit"
-        + ("" if _runtime(plan) == "shardkit" else f", as the {_runtime(plan)} runtime runs them")
+        + (
+            ""
+            if plan.best.runtime == "shardkit"
+            else f", as the {plan.best.runtime} runtime runs them"
+        )
     )
     t = Table(title=title, title_justify="left")
     for col, just in [
@@ -60,10 +64,6 @@ def table(plan, top: int = 8):
             collectives_text(c), _time(c.step_time), f"{c.mfu:.0%} / {c.hfu:.0%}", c.bottleneck,
         )  # fmt: skip
     return t
-
-
-def _runtime(plan) -> str:
-    return getattr(plan.best, "runtime", "shardkit") if plan.candidates else "shardkit"
 
 
 def _label(c) -> str:

@@ -213,7 +213,7 @@ def _variants(w, hw, layouts, policies, allowed, sched):
 
 def _check_options(schedule: str, virtual: int, max_stage: int | None) -> None:
     """Raises on pipeline options that no layout could use, before the search."""
-    pipe.schedule_object(schedule, virtual=max(virtual, 2) if isinstance(virtual, int) else 2)
+    pipe.schedule_object(schedule)  # an unknown name raises, naming the known ones
     if max_stage is not None and (not isinstance(max_stage, int) or max_stage < 1):
         raise ShardkitValueError(
             f"max_stage={max_stage!r} must be a positive int (1: no pipeline); fix: "
