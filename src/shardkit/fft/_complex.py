@@ -19,7 +19,9 @@ layout exactly.
 Locally every 1-D FFT runs over the trailing dim (XLA's FFT transforms minor dims; `jnp.fft`
 along a middle dim adds a transpose on each side): after each all-to-all the block is rotated so
 the dim just gathered comes last. Two rotations end in the transposed layout; the natural layout
-costs one more local transpose.
+costs one more local transpose. Each all-to-all sends its chunks along a leading chunk dim
+(`exchange`), so XLA makes one copy before it (chunking) and one after it (reassembly and
+rotation together) instead of a slice copy, a concatenate and a transpose.
 """
 
 from __future__ import annotations
@@ -47,50 +49,87 @@ def _steps(entries: tuple, k: int, mesh_shape: dict[str, int]) -> list[tuple[int
     return [(i, fft[i]) for i in range(k - 2, -1, -1) if L.entry_size(fft[i], mesh_shape) > 1]
 
 
+def trailing_order(order: list[int], dims: list[int]) -> list[int]:
+    """The FFT-dim storage order after bringing `dims` to the trailing local positions.
+
+    One dim is brought last by rotating the order (the dims after it move to the front), so a
+    pencil step ends in the rolled (transposed) layout; several dims keep their relative order.
+    """
+    if set(order[len(order) - len(dims) :]) == set(dims):
+        return list(order)
+    if len(dims) == 1:
+        p = order.index(dims[0])
+        return order[p + 1 :] + order[: p + 1]
+    return [d for d in order if d not in dims] + [d for d in order if d in dims]
+
+
 def to_trailing(blk: jax.Array, order: list[int], dims: list[int], nb: int):
     """Transposes the FFT dims of `blk` so that `dims` are the trailing local dims.
 
-    `order[p]` is the FFT dim stored at local position `nb + p`; returns the new block and order.
-    One dim is brought last by rotating the order (the dims after it move to the front), which
-    keeps every all-to-all splitting the last local dim.
+    `order[p]` is the FFT dim stored at local position `nb + p`; returns the new block and order
+    (see `trailing_order`).
     """
-    if set(order[len(order) - len(dims) :]) == set(dims):
+    new = trailing_order(order, dims)
+    if new == order:
         return blk, order
-    if len(dims) == 1:
-        p = order.index(dims[0])
-        new = order[p + 1 :] + order[: p + 1]
-    else:
-        new = [d for d in order if d not in dims] + [d for d in order if d in dims]
     perm = list(range(nb)) + [nb + order.index(d) for d in new]
     return jnp.transpose(blk, perm), new
+
+
+def exchange(blk, axis, n: int, order: list[int], split: int, concat: int, new: list[int], nb: int):
+    """All-to-all over mesh axis `axis` (`n` shards): splits FFT dim `split`, gathers `concat`.
+
+    Returns the block with its FFT dims stored in order `new`. Equal to a tiled
+    `lax.all_to_all` followed by a transpose to `new`, but the chunk index is made the leading
+    dim first: XLA then fuses the chunking into one copy before the collective and the
+    reassembly with the transpose into one copy after it (a tiled all-to-all on a minor dim
+    costs a slice copy, a concatenate and the transpose: one full pass over the shard more).
+    """
+    ps = nb + order.index(split)
+    shape = blk.shape
+    t = blk.reshape(shape[:ps] + (n, shape[ps] // n) + shape[ps + 1 :])
+    t = jax.lax.all_to_all(jnp.moveaxis(t, ps, 0), axis, 0, 0, tiled=True)
+    # t[j] came from shard j: the j-th block of `concat`; the other dims keep their positions,
+    # shifted by the leading source dim.
+    perm = list(range(1, nb + 1))
+    sizes = list(shape[:nb])
+    for d in new:
+        q = nb + 1 + order.index(d)
+        perm += [0, q] if d == concat else [q]
+        sizes.append(t.shape[q] * (n if d == concat else 1))
+    return jnp.transpose(t, perm).reshape(sizes)
 
 
 def _run_local(blk, entries, k, mesh_shape, norm, *, inverse: bool, start, end):
     """Runs the FFT steps on a local block whose FFT dims are stored in order `start`.
 
-    Every 1-D FFT runs over trailing local dims (the fast path of XLA's FFT); the block is
-    transposed only where the next FFT dims are not already trailing, and to `end` at the end.
+    Every 1-D FFT runs over trailing local dims (the fast path of XLA's FFT); each all-to-all
+    leaves the block with the next FFT's dims trailing, and the block is transposed to `end` at
+    the end.
     """
     nb = blk.ndim - k
     order = list(start)
     fft = jnp.fft.ifftn if inverse else jnp.fft.fftn
     steps = dict(_steps(entries, k, mesh_shape))
     # Forward: FFT dim k-1, then for i = k-2 .. 0 move dim i's mesh axis to dim i+1 and FFT i.
-    # Inverse: the same steps backwards.
+    # Inverse: the same steps backwards. Dims whose mesh axis is trivial join the next FFT.
     seq = list(range(k - 2, -1, -1)) if not inverse else list(range(k - 1))
-    pending = [k - 1] if not inverse else [0]
+    groups, pending = [], [k - 1] if not inverse else [0]
     for i in seq:
         if i in steps:
-            blk, order = to_trailing(blk, order, pending, nb)
-            blk = fft(blk, axes=list(range(blk.ndim - len(pending), blk.ndim)), norm=norm)
+            groups.append((pending, i))
             pending = []
-            split, concat = (i + 1, i) if not inverse else (i, i + 1)
-            blk = jax.lax.all_to_all(
-                blk, steps[i], nb + order.index(split), nb + order.index(concat), tiled=True
-            )
         pending.append(i if not inverse else i + 1)
-    blk, order = to_trailing(blk, order, pending, nb)
-    blk = fft(blk, axes=list(range(blk.ndim - len(pending), blk.ndim)), norm=norm)
+    groups.append((pending, None))
+    for g, (dims, i) in enumerate(groups):
+        blk, order = to_trailing(blk, order, dims, nb)  # a no-op after an exchange
+        blk = fft(blk, axes=list(range(blk.ndim - len(dims), blk.ndim)), norm=norm)
+        if i is None:
+            break
+        split, concat = (i + 1, i) if not inverse else (i, i + 1)
+        new = trailing_order(order, groups[g + 1][0])
+        n = L.entry_size(steps[i], mesh_shape)
+        blk, order = exchange(blk, steps[i], n, order, split, concat, new, nb), new
     if order != list(end):
         perm = list(range(nb)) + [nb + order.index(d) for d in end]
         blk = jnp.transpose(blk, perm)

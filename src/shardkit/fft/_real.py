@@ -29,7 +29,7 @@ from jaxtyping import Array, Complex, Float
 from shardkit.errors import ShardkitTypeError, ShardkitValueError
 from shardkit.fft import _layout as L
 from shardkit.fft import _vmap as V
-from shardkit.fft._complex import roll, to_trailing
+from shardkit.fft._complex import exchange, roll, to_trailing, trailing_order
 
 
 def _kind(a, b, mesh_shape) -> str:
@@ -67,10 +67,12 @@ def _r2c(x, *, mesh, batch, ab, inverse, layout, norm, n, dtype):
             return blk
         return jnp.transpose(blk, list(range(nb)) + [nb + order.index(d) for d in end])
 
-    def a2a(blk, order, axis, split, concat):
-        return jax.lax.all_to_all(
-            blk, axis, nb + order.index(split), nb + order.index(concat), tiled=True
-        )
+    def a2a(blk, order, axis, split, concat, new):  # returns the block stored in order `new`
+        n = L.entry_size(axis, dict(mesh.shape))
+        return exchange(blk, axis, n, order, split, concat, new, nb), new
+
+    def a2a_to(blk, order, axis, split, concat, dims):  # ... with `dims` trailing for the FFT
+        return a2a(blk, order, axis, split, concat, trailing_order(order, dims))
 
     def forward(blk):
         # `order` lists the FFT dims (0=X, 1=Y, 2=Z) in local storage order; every FFT runs
@@ -78,18 +80,15 @@ def _r2c(x, *, mesh, batch, ab, inverse, layout, norm, n, dtype):
         order = [0, 1, 2]
         if kind == "pencil":
             blk = jnp.fft.rfft(blk, axis=-1, norm=norm)  # [X_a, Y_b, KZ]
-            blk = a2a(blk, order, b, 0, 1)  # [X_ab, Y, KZ]
-            blk, order = to_trailing(blk, order, [1], nb)
+            blk, order = a2a_to(blk, order, b, 0, 1, [1])  # [X_ab, Y, KZ]
             blk = jnp.fft.fft(blk, axis=-1, norm=norm)
-            blk = a2a(blk, order, (a, b), 1, 0)  # [X, Y_ab, KZ]
+            blk, order = a2a_to(blk, order, (a, b), 1, 0, [0])  # [X, Y_ab, KZ]
         elif kind == "slab_x":
             blk = jnp.fft.rfftn(blk, axes=(Y, Z), norm=norm)  # [X_a, KY, KZ]
-            blk = a2a(blk, order, a, 1, 0)  # [X, Y_a, KZ]
+            blk, order = a2a_to(blk, order, a, 1, 0, [0])  # [X, Y_a, KZ]
         else:
             blk = jnp.fft.rfftn(blk, axes=(X, Z), norm=norm)  # [KX, Y_b, KZ]
-            blk = a2a(blk, order, b, 0, 1)  # [X_b, Y, KZ]
-        last = 1 if kind == "slab_y" else 0
-        blk, order = to_trailing(blk, order, [last], nb)
+            blk, order = a2a_to(blk, order, b, 0, 1, [1])  # [X_b, Y, KZ]
         blk = jnp.fft.fft(blk, axis=-1, norm=norm)
         return to(blk, order, spectrum)
 
@@ -98,20 +97,16 @@ def _r2c(x, *, mesh, batch, ab, inverse, layout, norm, n, dtype):
         if kind == "slab_y":
             blk, order = to_trailing(blk, order, [1], nb)
             blk = jnp.fft.ifft(blk, axis=-1, norm=norm)
-            blk = a2a(blk, order, b, 1, 0)  # [KX, Y_b, KZ]
-            blk = to(blk, order, [0, 1, 2])
+            blk, order = a2a(blk, order, b, 1, 0, [0, 1, 2])  # [KX, Y_b, KZ]
             return jnp.fft.irfftn(blk, s=(blk.shape[X], n), axes=(X, Z), norm=norm)
         blk, order = to_trailing(blk, order, [0], nb)
         blk = jnp.fft.ifft(blk, axis=-1, norm=norm)
         if kind == "slab_x":
-            blk = a2a(blk, order, a, 0, 1)  # [X_a, KY, KZ]
-            blk = to(blk, order, [0, 1, 2])
+            blk, order = a2a(blk, order, a, 0, 1, [0, 1, 2])  # [X_a, KY, KZ]
             return jnp.fft.irfftn(blk, s=(blk.shape[Y], n), axes=(Y, Z), norm=norm)
-        blk = a2a(blk, order, (a, b), 0, 1)  # [X_ab, Y, KZ]
-        blk, order = to_trailing(blk, order, [1], nb)
+        blk, order = a2a_to(blk, order, (a, b), 0, 1, [1])  # [X_ab, Y, KZ]
         blk = jnp.fft.ifft(blk, axis=-1, norm=norm)
-        blk = a2a(blk, order, b, 1, 0)  # [X_a, Y_b, KZ]
-        blk, order = to_trailing(blk, order, [2], nb)
+        blk, order = a2a_to(blk, order, b, 1, 0, [2])  # [X_a, Y_b, KZ]
         blk = jnp.fft.irfft(blk, n=n, axis=-1, norm=norm)
         return to(blk, order, [0, 1, 2])
 

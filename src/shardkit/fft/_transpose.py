@@ -36,7 +36,7 @@ from jaxtyping import Array, Shaped
 
 from shardkit.fft import _layout as L
 from shardkit.fft import _vmap as V
-from shardkit.fft._complex import roll, to_trailing
+from shardkit.fft._complex import exchange, roll, to_trailing, trailing_order
 
 
 def _out_entries(entries: tuple) -> tuple:
@@ -50,14 +50,15 @@ def _out_entries(entries: tuple) -> tuple:
 def _step(x, *, mesh, entries, forward):
     nb = len(entries) - 3
     axis = entries[nb + 1] if forward else entries[nb]  # the mesh axis the all-to-all runs over
-    active = L.entry_size(axis, dict(mesh.shape)) > 1
+    n = L.entry_size(axis, dict(mesh.shape))
+    active = n > 1
 
     def body(blk):  # forward: [.., X_a, Y_b, Z] -> [.., X_a, Y, Z_b] -> [.., Z_b, X_a, Y]
-        gather = nb + 1 if forward else nb
-        if active:
-            blk = jax.lax.all_to_all(blk, axis, nb + 2, gather, tiled=True)
-        blk, _ = to_trailing(blk, [0, 1, 2], [1 if forward else 0], nb)
-        return blk
+        gather, whole = (1, 1) if forward else (0, 0)
+        if not active:
+            return to_trailing(blk, [0, 1, 2], [whole], nb)[0]
+        new = trailing_order([0, 1, 2], [whole])
+        return exchange(blk, axis, n, [0, 1, 2], 2, gather, new, nb)
 
     out_spec = P(*_out_entries(entries))
     return jax.shard_map(body, mesh=mesh, in_specs=P(*entries), out_specs=out_spec)(x)
