@@ -62,7 +62,7 @@ def test_cho_solve_with_a_zero_on_the_diagonal_of_l_raises(mesh):
     storage = sl.to_column_cyclic(jnp.asarray(l), block_size=NB, mesh=mesh)
     f = sl.CholeskyFactors(storage, jnp.zeros((), jnp.int32), N, NB, mesh, ("x",))
     b = jnp.ones(N, jnp.float32)
-    match = r"a: the \(64, 64\) Cholesky factor is singular: L\[17, 17\] is exactly zero"
+    match = r"factors: the \(64, 64\) Cholesky factor is singular: L\[17, 17\] is exactly zero"
     with pytest.raises(sl.SingularMatrixError, match=match + r".*check=False"):
         sl.cho_solve(f, b)
     ref = jax.scipy.linalg.cho_solve((jnp.asarray(l), True), b)
@@ -79,3 +79,17 @@ def test_cho_solve_with_a_zero_on_the_diagonal_of_l_raises(mesh):
     for check in (True, False):
         np.testing.assert_allclose(sl.cho_solve(g, b, check=check), ref, rtol=1e-4,
                                    atol=1e-4 * float(jnp.abs(ref).max()))  # fmt: skip
+
+
+def test_lu_solve_with_factors_of_a_singular_matrix_names_the_factors(mesh):
+    # column 20 is zero: the factorization itself completes (info = 21, as LAPACK's getrf
+    # reports), and the solve with those factors says which argument is at fault
+    a = np.asarray(triangle(True, 3)) + np.eye(N, dtype=np.float32)
+    a[:, 20] = 0.0
+    factors = sl.lu(jnp.asarray(a), mesh=mesh, block_size=NB)
+    assert int(factors.info) == 21
+    match = r"factors: the \(64, 64\) matrix is singular: U\[20, 20\] is exactly zero"
+    with pytest.raises(sl.SingularMatrixError, match=match):
+        sl.lu_solve(factors, jnp.ones(N, jnp.float32))
+    with pytest.raises(sl.SingularMatrixError, match=r"a: the \(64, 64\) matrix is singular"):
+        sl.solve(jnp.asarray(a), jnp.ones(N, jnp.float32), mesh=mesh, block_size=NB)

@@ -308,5 +308,5 @@ def cho_solve(factors: CholeskyFactors, b: jax.Array, *, check: bool = True) -> 
         _raise_if_not_spd(factors.info, factors.n)
     x, info = _cho_solve_jit(factors.l, b2, factors.mesh, factors.axis_names, factors.block_size)
     if check:
-        raise_if_singular_triangle(x, info, factors.n, "L")
+        raise_if_singular_triangle(x, info, factors.n, "L", arg="factors")
     return x.reshape(shape)

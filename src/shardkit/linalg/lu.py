@@ -70,21 +70,24 @@ class SingularMatrixError(ShardkitError, ValueError):
     """An exactly zero pivot was met: the matrix is singular (in working precision)."""
 
 
-def raise_if_singular(x, info, n: int, *, what: str, entry: str, fix: str) -> None:
+def raise_if_singular(
+    x, info, n: int, *, what: str, entry: str, fix: str, arg: str = "a"
+) -> None:
     """Raises :class:`SingularMatrixError` when ``info > 0`` (``entry[info-1, info-1]`` of the
-    (n, n) ``what`` is exactly zero) or the solution ``x`` is not finite; ``fix`` ends both
-    messages. Nothing inside ``jit``: the arrays are traced there (callers read ``info``)."""
+    (n, n) ``what`` is exactly zero) or the solution ``x`` is not finite; both messages start
+    with the argument ``arg`` that holds the matrix and end with ``fix``. Nothing inside
+    ``jit``: the arrays are traced there (callers read ``info``)."""
     if isinstance(x, jax.core.Tracer) or isinstance(info, jax.core.Tracer):
         return
     i = int(info)
     if i > 0:
         raise SingularMatrixError(
-            f"a: the ({n}, {n}) {what} is singular: {entry}[{i - 1}, {i - 1}] is exactly zero "
+            f"{arg}: the ({n}, {n}) {what} is singular: {entry}[{i - 1}, {i - 1}] is exactly zero "
             f"(info={i}). {fix}"
         )
     if not bool(jnp.isfinite(x).all()):
         raise SingularMatrixError(
-            f"a: the solution of the ({n}, {n}) system is not finite (the {what} is singular "
+            f"{arg}: the solution of the ({n}, {n}) system is not finite (the {what} is singular "
             f"to working precision or holds inf/NaN). {fix}"
         )
 

@@ -244,8 +244,8 @@ _SINGULAR_FIX = (
 )
 
 
-def _raise_if_singular(x: jax.Array, info: jax.Array, n: int) -> None:
-    raise_if_singular(x, info, n, what="matrix", entry="U", fix=_SINGULAR_FIX)
+def _raise_if_singular(x: jax.Array, info: jax.Array, n: int, arg: str = "a") -> None:
+    raise_if_singular(x, info, n, what="matrix", entry="U", fix=_SINGULAR_FIX, arg=arg)
 
 
 def lu_solve(
@@ -293,7 +293,7 @@ def lu_solve(
         )  # fmt: skip
     x = x[: factors.n]
     if check:
-        _raise_if_singular(x, factors.info, factors.n)
+        _raise_if_singular(x, factors.info, factors.n, arg="factors")
     return x.reshape(shape)
 
 

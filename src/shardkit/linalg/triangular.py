@@ -227,15 +227,16 @@ def first_zero_cyclic_local(a, *, nb, p, axes):
     return lax.pmin(jnp.min(jnp.where(diag == 0, gcol, n_pad)).astype(jnp.int32), axes)
 
 
-def raise_if_singular_triangle(x, info, n: int, name: str) -> None:
+def raise_if_singular_triangle(x, info, n: int, name: str, arg: str = "a") -> None:
     """:func:`~shardkit.linalg.lu.raise_if_singular` for a triangle ``a`` or a Cholesky factor
-    ``L`` (``name``), whose fix is a nonzero diagonal or ``check=False``."""
+    ``L`` (``name``) passed as argument ``arg``, whose fix is a nonzero diagonal or
+    ``check=False``."""
     what = "triangle" if name == "a" else "Cholesky factor"
     fix = (
         "Fix: make the diagonal nonzero (or use float64), or pass check=False to get JAX's "
         "inf/NaN result instead."
     )
-    raise_if_singular(x, info, n, what=what, entry=name, fix=fix)
+    raise_if_singular(x, info, n, what=what, entry=name, fix=fix, arg=arg)
 
 
 @functools.partial(
