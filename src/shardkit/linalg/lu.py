@@ -70,9 +70,7 @@ class SingularMatrixError(ShardkitError, ValueError):
     """An exactly zero pivot was met: the matrix is singular (in working precision)."""
 
 
-def raise_if_singular(
-    x, info, n: int, *, what: str, entry: str, fix: str, arg: str = "a"
-) -> None:
+def raise_if_singular(x, info, n: int, *, what: str, entry: str, fix: str, arg: str = "a") -> None:
     """Raises :class:`SingularMatrixError` when ``info > 0`` (``entry[info-1, info-1]`` of the
     (n, n) ``what`` is exactly zero) or the solution ``x`` is not finite; both messages start
     with the argument ``arg`` that holds the matrix and end with ``fix``. Nothing inside
