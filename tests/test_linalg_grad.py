@@ -74,6 +74,37 @@ def test_solve_grad_matches_jnp(dtype, k, axis_type):
         assert_close(gb_jit, ref[1], dtype)
 
 
+@pytest.mark.parametrize("dtype,k", [("float32", None), ("complex128", 2)])
+def test_solve_forward_mode_matches_jnp(dtype, k, axis_type):
+    """jax.jvp, jacfwd and forward-over-reverse (the derivative of the gradient along dA)."""
+    with jax.enable_x64(True):
+        mesh = make_mesh(axis_type)
+        a, b, w = system(dtype, k)
+        rng = np.random.default_rng(7)
+        da = jnp.asarray(rng.standard_normal(a.shape), dtype)
+        db = jnp.asarray(rng.standard_normal(b.shape), dtype)
+        a_s = jax.device_put(a, NamedSharding(mesh, P("x", None)))
+
+        def grad_a(solve, a):
+            return jax.grad(lambda a: jnp.vdot(w, solve(a, b)).real)(a)
+
+        ours = lambda a, b: sl.solve(a, b, block_size=NB)  # noqa: E731
+        ref_x, ref_dx = jax.jvp(jnp.linalg.solve, (a, b), (da, db))
+        holo = dtype.startswith("complex")  # the solve is holomorphic in b
+        ref_jac = jax.jacfwd(lambda b: jnp.linalg.solve(a, b), holomorphic=holo)(b)
+        ref_hvp = jax.jvp(lambda a: grad_a(jnp.linalg.solve, a), (a,), (da,))[1]
+        with jax.set_mesh(mesh):
+            x, dx = jax.jvp(ours, (a_s, b), (da, db))
+            _, dx_jit = jax.jit(lambda a, b: jax.jvp(ours, (a, b), (da, db)))(a_s, b)
+            jac = jax.jacfwd(lambda b: ours(a_s, b), holomorphic=holo)(b)
+            hvp = jax.jvp(lambda a: grad_a(ours, a), (a_s,), (da,))[1]
+        tol = "float32" if dtype == "float32" else "float64"
+        pairs = [(x, ref_x), (dx, ref_dx), (dx_jit, ref_dx), (jac, ref_jac), (hvp, ref_hvp)]
+        for got, ref in pairs:
+            assert got.shape == ref.shape and got.dtype == ref.dtype
+            np.testing.assert_allclose(got, ref, rtol=TOL[tol], atol=TOL[tol] * np.abs(ref).max())
+
+
 def test_solve_value_and_grad_on_a_2d_mesh_flattened():
     mesh = make_mesh(AxisType.Explicit, (2, 4), ("x", "y"))
     a, b, w = system("float32", 2, seed=1)
@@ -194,3 +225,36 @@ def test_triangular_solve_grad_matches_solve_triangular(lower, transpose, unit, 
     assert np.abs(np.triu(gt, 1) if lower else np.tril(gt, -1)).max() == 0.0
     if unit:
         assert np.abs(np.diagonal(gt)).max() == 0.0
+
+
+@pytest.mark.parametrize(
+    "lower,transpose,unit", [(True, False, False), (False, True, True), (True, True, True)]
+)
+def test_triangular_solve_forward_mode_matches_solve_triangular(lower, transpose, unit):
+    """jax.jvp (the tangent of the other triangle, and of a unit diagonal, changes nothing)
+    and forward-over-reverse along dT."""
+    mesh = make_mesh(AxisType.Explicit)
+    full, b, w = system("float32", 2, seed=5)
+    full = full + 0.3
+    rng = np.random.default_rng(8)
+    dt = jnp.asarray(rng.standard_normal(full.shape), jnp.float32)
+    db = jnp.asarray(rng.standard_normal(b.shape), jnp.float32)
+    kw = dict(lower=lower, unit_diagonal=unit)
+
+    def ref(t, b):
+        return jax.scipy.linalg.solve_triangular(t, b, trans=int(transpose), **kw)
+
+    def ours(t, b):
+        return sl.triangular_solve(t, b, transpose=transpose, block_size=NB, **kw)
+
+    def grad_t(solve, t):
+        return jax.grad(lambda t: jnp.vdot(w, solve(t, b)))(t)
+
+    t_s = jax.device_put(full, NamedSharding(mesh, P("x", None)))
+    with jax.set_mesh(mesh):
+        x, dx = jax.jvp(ours, (t_s, b), (dt, db))
+        hvp = jax.jvp(lambda t: grad_t(ours, t), (t_s,), (dt,))[1]
+    ref_x, ref_dx = jax.jvp(ref, (full, b), (dt, db))
+    ref_hvp = jax.jvp(lambda t: grad_t(ref, t), (full,), (dt,))[1]
+    for got, want in ((x, ref_x), (dx, ref_dx), (hvp, ref_hvp)):
+        assert_close(got, want, "float32")

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
@@ -38,8 +39,8 @@ from shardkit.linalg.layout2d import check_grid
 from shardkit.linalg.lu import LUFactors, lu_local, raise_if_singular
 from shardkit.linalg.triangular import (
     as_columns,
+    matvec_rows_local,
     outer_cyclic_local,
-    outer_rows_local,
     tri_solve_local,
 )
 from shardkit.placement import constrain
@@ -78,35 +79,40 @@ def _solve_map(a, b, mesh, axes, nb, keep):
     return jax.shard_map(f, mesh=mesh, in_specs=(P(axes, None), P()), out_specs=out_specs)(a, b)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4))
-def _solve_padded(a, b, mesh, axes, nb):
-    """``(x, info)`` for the padded, row-sharded A and replicated (Np, k) b. Its VJP reuses the
-    LU factors: ``lam = A^-T x_bar`` (two transposed triangular solves), ``b_bar = lam``,
-    ``A_bar = -lam x^T`` formed row-sharded like A."""
-    return _solve_map(a, b, mesh, axes, nb, keep=False)
+def _matvec(mesh, axes):
+    """``(A, v) -> A v`` for a row-sharded ``P(axes, None)`` A and a replicated v."""
+    f = functools.partial(matvec_rows_local, p=n_devices(mesh, axes), axes=axes)
+    return jax.shard_map(f, mesh=mesh, in_specs=(P(axes, None), P()), out_specs=P())
 
 
-def _solve_padded_fwd(a, b, mesh, axes, nb):
-    x, info, packed, perm = _solve_map(a, b, mesh, axes, nb, keep=True)
-    return (x, info), (packed, perm, x)
-
-
-def _solve_adjoint_local(a, perm, x_bar, x, *, nb, p, axes):
-    w, _ = _lu_adjoint_local(a, x_bar, nb=nb, p=p, axes=axes)
-    lam = _unpermute(w, perm)  # (Np, k)
-    return -outer_rows_local(lam, x, p=p, axes=axes), lam
-
-
-def _solve_padded_bwd(mesh, axes, nb, res, ct):
-    packed, perm, x = res
-    f = functools.partial(_solve_adjoint_local, nb=nb, p=n_devices(mesh, axes), axes=axes)
-    specs = (P(None, axes), P(), P(), P())
-    return jax.shard_map(f, mesh=mesh, in_specs=specs, out_specs=(P(axes, None), P()))(
-        packed, perm, ct[0], x
+def _lu_solve_linear(a, packed, perm, rhs, mesh, axes, nb):
+    """``A^-1 rhs`` with the factors of the row-sharded A, as ``lax.custom_linear_solve``: linear
+    in ``rhs`` with its transpose ``A^-T`` (the transposed solve with the same factors), so
+    JAX transposes it for reverse mode; ``A v`` (``matvec``) serves higher derivatives."""
+    return lax.custom_linear_solve(
+        functools.partial(_matvec(mesh, axes), a),
+        rhs,
+        solve=lambda _, r: _lu_solve_map(packed, perm, r, mesh, axes, nb, keep=False),
+        transpose_solve=lambda _, r: _lu_solve_t_map(packed, perm, r, mesh, axes, nb),
     )
 
 
-_solve_padded.defvjp(_solve_padded_fwd, _solve_padded_bwd)
+@functools.partial(jax.custom_jvp, nondiff_argnums=(2, 3, 4))
+def _solve_padded(a, b, mesh, axes, nb):
+    """``(x, info)`` for the padded, row-sharded A and replicated (Np, k) b. Its JVP reuses the
+    LU factors: ``dx = A^-1 (db - dA x)`` by :func:`_lu_solve_linear`, which JAX transposes for
+    the gradients: ``b_bar = A^-T x_bar`` (two transposed triangular solves) and
+    ``A_bar = -b_bar x^T``, formed row-sharded like A (the transposed ``matvec``)."""
+    return _solve_map(a, b, mesh, axes, nb, keep=False)
+
+
+@_solve_padded.defjvp
+def _solve_padded_jvp(mesh, axes, nb, primals, tangents):
+    a, b = primals
+    da, db = tangents
+    x, info, packed, perm = _solve_map(a, b, mesh, axes, nb, keep=True)
+    dx = _lu_solve_linear(a, packed, perm, db - _matvec(mesh, axes)(da, x), mesh, axes, nb)
+    return (x, info), (dx, np.zeros(info.shape, jax.dtypes.float0))
 
 
 def _lu_solve_local(a, perm, b, *, nb, p, axes, keep):
@@ -164,12 +170,16 @@ def _lu_solve_t_local(a, perm, b, *, nb, p, axes):
     return _unpermute(w, perm)  # A^T x = b: x = P^T L^-T U^-T b
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
-def _lu_solve_t_padded(packed, perm, b, mesh, axes, nb):
-    """``x = A^-T b`` with the cyclic LU storage of A; differentiating it raises."""
+def _lu_solve_t_map(packed, perm, b, mesh, axes, nb):
     f = functools.partial(_lu_solve_t_local, nb=nb, p=n_devices(mesh, axes), axes=axes)
     specs = (P(None, axes), P(), P())
     return jax.shard_map(f, mesh=mesh, in_specs=specs, out_specs=P())(packed, perm, b)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
+def _lu_solve_t_padded(packed, perm, b, mesh, axes, nb):
+    """``x = A^-T b`` with the cyclic LU storage of A; differentiating it raises."""
+    return _lu_solve_t_map(packed, perm, b, mesh, axes, nb)
 
 
 def _no_transposed_grad(*_):

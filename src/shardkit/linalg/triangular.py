@@ -129,14 +129,6 @@ def as_columns(b, n: int, arg: str) -> tuple[jax.Array, tuple[int, ...]]:
     return (b[:, None] if len(shape) == 1 else b), shape
 
 
-def outer_rows_local(u, v, *, p, axes):
-    """Inside ``shard_map``: this device's rows of ``u v^T`` for replicated (Np, k) ``u`` and
-    ``v``, i.e. its (Np/P, Np) block of the row-sharded ``P(axes, None)`` outer product."""
-    r = u.shape[0] // p
-    u_rows = lax.dynamic_slice_in_dim(u, lax.axis_index(axes) * r, r, axis=0)  # (Np/P, k)
-    return u_rows @ v.T  # (Np/P, Np)
-
-
 def outer_cyclic_local(u, v, *, nb, p, axes):
     """Inside ``shard_map``: this device's columns of ``u v^T`` in the column-block-cyclic
     storage (Np, Np/P), and the global index of each of those columns, (Np/P,)."""
@@ -168,45 +160,77 @@ def _tri_map(a, b, mesh, axes, nb, flags, keep):
     return jax.shard_map(f, mesh=mesh, in_specs=(P(axes, None), P()), out_specs=out_specs)(a, b)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4, 5))
-def _tri_padded(a, b, mesh, axes, nb, flags):
-    """``op(T) x = b`` for the padded, row-sharded T and replicated (Np, k) b; its VJP solves
-    with ``op(T)^T`` on the same cyclic storage."""
-    return _tri_map(a, b, mesh, axes, nb, flags, keep=False)
+def matvec_rows_local(a, v, *, p, axes, transpose=False):
+    """Inside ``shard_map``: ``A v`` (or ``A^T v`` with ``transpose``) replicated, for this
+    device's rows (Np/P, Np) of a row-sharded A and a replicated (Np, k) v (one psum of Np x k
+    words). Linear in ``a`` and in ``v``: in ``a``, JAX transposes it into this device's rows of an
+    outer product, so a matrix cotangent is formed row-sharded, never gathered."""
+    r = a.shape[0]
+    me = lax.axis_index(axes)
+    if transpose:
+        return lax.psum(a.T @ lax.dynamic_slice_in_dim(v, me * r, r, axis=0), axes)
+    full = zeros_varying((r * p,) + v.shape[1:], jnp.result_type(a, v), axes)
+    return lax.psum(lax.dynamic_update_slice_in_dim(full, a @ v, me * r, axis=0), axes)
 
 
-def _tri_padded_fwd(a, b, mesh, axes, nb, flags):
-    x, a_cyclic = _tri_map(a, b, mesh, axes, nb, flags, keep=True)
-    return x, (a_cyclic, x)
-
-
-def _tri_adjoint_local(a, x_bar, x, *, nb, p, axes, lower, transpose, unit_diagonal):
-    """Inside ``shard_map``: ``lam = op(T)^-T x_bar``; the rows of ``T_bar`` (``-lam x^T``, or
-    ``-x lam^T`` for ``T^T x = b``) masked to the triangle the solve reads."""
-    lam = tri_solve_local(a, x_bar, nb=nb, p=p, axes=axes, lower=lower,
-                          transpose=not transpose, unit_diagonal=unit_diagonal)  # fmt: skip
-    u, v = (x, lam) if transpose else (lam, x)
-    t_bar = -outer_rows_local(u, v, p=p, axes=axes)  # (Np/P, Np)
-    r, n_pad = t_bar.shape
+def _op_matvec_local(a, v, *, p, axes, lower, transpose, unit_diagonal, identity):
+    """Inside ``shard_map``: ``op(T) v`` for the triangle T that a solve reads from the rows
+    ``a`` (entries outside it are not T's; a unit diagonal is not read: ``identity`` adds it,
+    as T has and its tangent dT has not)."""
+    r, n_pad = a.shape
     rows = lax.axis_index(axes) * r + jnp.arange(r)[:, None]
     mask = triangle_mask(rows, jnp.arange(n_pad)[None, :], lower=lower,
                          unit_diagonal=unit_diagonal)  # fmt: skip
-    return jnp.where(mask, t_bar, 0), lam
+    out = matvec_rows_local(jnp.where(mask, a, 0), v, p=p, axes=axes, transpose=transpose)
+    return out + v if unit_diagonal and identity else out
 
 
-def _tri_padded_bwd(mesh, axes, nb, flags, res, x_bar):
-    a_cyclic, x = res
+def _op_matvec(mesh, axes, flags, *, identity=True):
+    """``(T rows, v) -> op(T) v`` for the row-sharded ``P(axes, None)`` T of ``flags``."""
     lower, transpose, unit_diagonal = flags
     f = functools.partial(
-        _tri_adjoint_local, nb=nb, p=n_devices(mesh, axes), axes=axes, lower=lower,
+        _op_matvec_local, p=n_devices(mesh, axes), axes=axes, lower=lower, transpose=transpose,
+        unit_diagonal=unit_diagonal, identity=identity,
+    )  # fmt: skip
+    return jax.shard_map(f, mesh=mesh, in_specs=(P(axes, None), P()), out_specs=P())
+
+
+def _cyclic_solve(a_cyclic, b, mesh, axes, nb, flags):
+    """``op(T)^-1 b`` with T already in the column-block-cyclic storage."""
+    lower, transpose, unit_diagonal = flags
+    f = functools.partial(
+        tri_solve_local, nb=nb, p=n_devices(mesh, axes), axes=axes, lower=lower,
         transpose=transpose, unit_diagonal=unit_diagonal,
     )  # fmt: skip
-    return jax.shard_map(
-        f, mesh=mesh, in_specs=(P(None, axes), P(), P()), out_specs=(P(axes, None), P())
-    )(a_cyclic, x_bar, x)
+    return jax.shard_map(f, mesh=mesh, in_specs=(P(None, axes), P()), out_specs=P())(a_cyclic, b)
 
 
-_tri_padded.defvjp(_tri_padded_fwd, _tri_padded_bwd)
+@functools.partial(jax.custom_jvp, nondiff_argnums=(2, 3, 4, 5))
+def _tri_padded(a, b, mesh, axes, nb, flags):
+    """``op(T) x = b`` for the padded, row-sharded T and replicated (Np, k) b. Its JVP,
+    ``dx = op(T)^-1 (db - op(dT) x)`` with dT masked to the triangle read, solves on the cyclic
+    storage of the forward pass through ``lax.custom_linear_solve``, whose transpose (the solve
+    with ``op(T)^T`` on the same storage) gives JAX the reverse mode: ``b_bar = lam`` and
+    ``T_bar = -lam x^T`` (``-x lam^T`` for ``T^T``), masked and row-sharded like T."""
+    return _tri_map(a, b, mesh, axes, nb, flags, keep=False)
+
+
+@_tri_padded.defjvp
+def _tri_padded_jvp(mesh, axes, nb, flags, primals, tangents):
+    a, b = primals
+    da, db = tangents
+    x, a_cyclic = _tri_map(a, b, mesh, axes, nb, flags, keep=True)
+    lower, transpose, unit_diagonal = flags
+    rhs = db - _op_matvec(mesh, axes, flags, identity=False)(da, x)
+    dx = lax.custom_linear_solve(
+        functools.partial(_op_matvec(mesh, axes, flags), a),
+        rhs,
+        solve=lambda _, r: _cyclic_solve(a_cyclic, r, mesh, axes, nb, flags),
+        transpose_solve=lambda _, r: _cyclic_solve(
+            a_cyclic, r, mesh, axes, nb, (lower, not transpose, unit_diagonal)
+        ),
+    )
+    return x, dx
 
 
 def first_zero_rows_local(a, *, p, axes):
