@@ -4,7 +4,9 @@
 # .venv        the newest Python found (3.13, then 3.12, on PATH or in pyenv's versions folder,
 #              else python3) with the newest releases pyproject.toml allows: `make demo` runs here.
 # .venv-oldest Python 3.11 with the oldest supported releases (tools/oldest-pins.txt).
-# `make test` runs ruff, then the whole suite in each of the two.
+# `make test` runs ruff, then the whole suite in .venv and, in .venv-oldest, the suite without
+# the whole-program runs marked `slow` (tests/conftest.py says which and why; OLDEST_MARKS=
+# runs them there too).
 PYTHON        ?= $(shell tools/find-python 3.13 3.12 || command -v python3)
 OLDEST_PYTHON ?= $(shell tools/find-python 3.11)
 VENV          := .venv
@@ -12,6 +14,7 @@ OLD_VENV      := .venv-oldest
 BIN           := $(VENV)/bin
 OLD_BIN       := $(OLD_VENV)/bin
 PYTEST_ARGS   ?= -q -n auto --dist loadfile tests
+OLDEST_MARKS  ?= not slow
 
 .PHONY: demo test test-newest test-oldest lint format bench clean install versions browser
 
@@ -62,7 +65,7 @@ test-newest: browser $(VENV)/.installed
 
 test-oldest: browser $(OLD_VENV)/.installed
 	@echo "== oldest pins: $$($(OLD_BIN)/shardkit --version)"
-	$(OLD_BIN)/python -m pytest $(PYTEST_ARGS)
+	$(OLD_BIN)/python -m pytest -m "$(OLDEST_MARKS)" $(PYTEST_ARGS)
 
 lint: $(VENV)/.installed
 	$(BIN)/ruff check src tests examples benchmarks

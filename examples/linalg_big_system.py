@@ -15,7 +15,7 @@ Expected output:
     A: float32[512, 512] = 1024 KiB, sharded P('x', None) over 8 devices: 128 KiB each
     budget per device: 640 KiB (the matrix alone is 1.6x the budget)
     jnp.linalg.solve: per-device memory 2182 KiB (17.0x shard), all-gathers 1, fits: False
-    shardkit solve  : per-device memory 480 KiB (3.8x shard), all-gathers 0, fits: True
+    shardkit solve  : per-device memory 494 KiB (3.9x shard), all-gathers 0, fits: True
     shardkit solve: relative residual < 1e-5: True, ||x - x_one_device|| / ||x|| < 1e-4: True
 """
 

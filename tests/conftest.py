@@ -1,31 +1,18 @@
-"""Test configuration: 8 simulated CPU devices and a shared compilation cache, set before JAX
-starts."""
+"""Test configuration: 8 simulated CPU devices, set before JAX starts."""
 
 import os
-import shutil
-import tempfile
 
 # Must happen before the JAX backend starts: later changes are refused by JAX.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # LLVM's -O0 for the CPU code: the suite's programs are small and compiled once, so compiling
 # them dominates the suite (a GPT's initializer: 6.3 s at the default level, 1.5 s here); the
-# HLO, its collectives and its buffers are the same. Subprocesses inherit it unless a test
-# sets its own XLA_FLAGS.
+# HLO, its collectives and its buffers are the same; numbers may differ from -O2's in the last
+# bits (another FMA contraction), so a test that compares bit for bit with a subprocess passes
+# these flags on. Subprocesses inherit them unless a test sets its own XLA_FLAGS.
 os.environ["XLA_FLAGS"] = (
     os.environ.get("XLA_FLAGS", "")
     + " --xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0"
 ).strip()
-
-# One persistent compilation cache per test run, shared by the xdist workers and every
-# subprocess they start (the environment is inherited; the controller sets it before it starts
-# the workers): a program that several tests compile -- a `shardkit train` relaunched after a
-# fault, the same solve at the same shape -- is compiled once. A size cap turns on JAX's file
-# lock, so two workers never read an entry while the other is writing it. Removed at the end.
-_OWN_CACHE = "JAX_COMPILATION_CACHE_DIR" not in os.environ
-if _OWN_CACHE:
-    os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="shardkit-tests-jax-cache-")
-os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
-os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(8 << 30))
 
 import jax  # noqa: E402
 import pytest  # noqa: E402
@@ -42,10 +29,24 @@ def axis_type(request):
     return AXIS_TYPES[request.param]
 
 
+# Whole programs run as users run them (the CLI, the examples, the docs' pages, killed and
+# multi-process runs): marked `slow`. The newest pins run them; the oldest-pins half of `make
+# test` leaves them out (-m "not slow"), as the library code they drive is tested in-process
+# on both, and running everything twice would take `make test` past its time.
+WHOLE_PROGRAM_FILES = {
+    "test_checkpoint_kill.py", "test_cli.py", "test_docs.py", "test_examples_docstring.py",
+    "test_examples_pipeline.py", "test_examples_seeds.py", "test_examples_train.py",
+    "test_examples_your_model.py", "test_multihost.py", "test_multihost_faults.py",
+    "test_readme.py", "test_report_browser.py", "test_train_cli.py", "test_train_faults.py",
+}  # fmt: skip
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.path.name in WHOLE_PROGRAM_FILES:
+            item.add_marker(pytest.mark.slow)
+
+
 def pytest_report_header(config):
     return f"jax {jax.__version__}, {jax.device_count()} devices ({jax.default_backend()})"
 
-
-def pytest_unconfigure(config):
-    if _OWN_CACHE and not hasattr(config, "workerinput"):  # the process that made it
-        shutil.rmtree(os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)

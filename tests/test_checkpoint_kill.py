@@ -60,7 +60,10 @@ WORKER = textwrap.dedent(
 
 def _env():
     env = dict(os.environ)
-    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={DEVICES}"
+    # this process's other XLA flags (its code generation), so that the reference it computes
+    # is bit-comparable with the workers'
+    flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if "device_count" not in f]
+    env["XLA_FLAGS"] = " ".join([f"--xla_force_host_platform_device_count={DEVICES}", *flags])
     env["JAX_PLATFORMS"] = "cpu"
     return env
 
