@@ -49,4 +49,3 @@ def pytest_collection_modifyitems(config, items):
 
 def pytest_report_header(config):
     return f"jax {jax.__version__}, {jax.device_count()} devices ({jax.default_backend()})"
-
