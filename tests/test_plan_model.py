@@ -130,6 +130,31 @@ def test_activations_follow_korthikanti_table_2():
     assert mem.layer_activation_bytes(w32, micro_batch=b) == sbh * 32 + 4 * s * b * a
 
 
+def test_dots_no_batch_keeps_the_weight_matmul_outputs_and_reruns_attention():
+    # JAX's dots_with_no_batch_dims_saveable (MaxText's "minimal"): per token the block input
+    # (h), q/k/v (3h), the attention-output and MLP-down outputs (2h) and the MLP-up (4h), in
+    # bf16: 20 bytes x h; "dots" keeps the attention output (the input of its projection) too
+    s, b, h, t = 1024, 2, 512, 4
+    w = Transformer(layers=4, d_model=h, heads=8, vocab=64, seq=s, batch=8)
+    sbh = s * b * h
+    act = lambda **kw: mem.layer_activation_bytes(w, micro_batch=b, **kw)  # noqa: E731
+    assert act(remat="dots_no_batch") == 20 * sbh
+    assert act(remat="dots") - act(remat="dots_no_batch") == 2 * sbh
+    assert act(remat="dots_no_batch", tensor=t) == 6 * sbh + 14 * sbh / t
+    assert act(remat="dots_no_batch", tensor=t, sequence_parallel=True) == 20 * sbh / t
+    # the recomputed attention output costs attention's two forward matmuls, 4 s h per token
+    hw = get_hardware("h100")
+    dots, nob = (evaluate(w, hw, tensor=2, remat=r) for r in ("dots", "dots_no_batch"))
+    assert nob.flops - dots.flops == pytest.approx(w.batch * s * w.layers * 4 * s * h / 2)
+    assert nob.model_flops == dots.model_flops and nob.mfu < dots.mfu
+    assert nob.activation_bytes < dots.activation_bytes
+    # costed when asked for, never chosen by the search (shardkit's GPT does not run it)
+    assert {c.remat for c in plan(w, devices=8, hardware="h100").candidates} <= {
+        "none", "dots", "block"}  # fmt: skip
+    assert plan(w, devices=8, hardware="h100", remat="dots_no_batch").best.remat == (
+        "dots_no_batch")  # fmt: skip
+
+
 def test_pipeline_bubble_and_in_flight_microbatches():
     assert 1 - mem.bubble_fraction(4, 4) == pytest.approx(4 / 7)  # 57.1%, not the seed's 25%
     assert 1 - mem.bubble_fraction(8, 8) == pytest.approx(8 / 15)

@@ -52,7 +52,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--seq", type=at_least(1), default=None, help="sequence length (transformers)"
     )
     parser.add_argument(
-        "--remat", default=None, choices=["none", "dots", "block"], help="fix the remat policy"
+        "--remat",
+        default=None,
+        choices=["none", "dots", "dots_no_batch", "block"],
+        help="fix the remat policy",
     )
     parser.add_argument(
         "--precision", default=None, help="mixed (16 B/param), megatron (18), shardkit, fp32"

@@ -17,7 +17,8 @@ model, per device and per optimizer step:
   one activation forward and one gradient back per micro-batch;
 * compute: executed FLOPs (6 per matmul parameter per token + 12 x s x heads x head_dim per
   layer per token for attention; "block" remat reruns each block's forward pass but for the
-  MLP-down matmul, whose output no gradient needs) / (peak x mfu_ceiling);
+  MLP-down matmul, whose output no gradient needs; "dots_no_batch" reruns attention's two
+  matmuls) / (peak x mfu_ceiling);
 * step time: pipeline (compute + tensor all-reduces + sends) x (m + p - 1)/m, plus the part
   of the data-parallel and FSDP traffic that compute cannot hide (a share `Hardware.overlap`
   of it hides: per-micro-batch ZeRO-3 traffic behind the whole step, the once-per-step
@@ -66,7 +67,7 @@ class Candidate:
             optimizer state); 0 without an "fsdp" axis.
         microbatches: m, micro-batches per step (gradient accumulation or pipeline).
         micro_batch: b, sequences (examples) per micro-batch per device.
-        remat: "none", "dots" or "block".
+        remat: "none", "dots", "dots_no_batch" or "block".
         schedule: pipeline schedule ("1f1b", "gpipe", "interleaved"); "" without a pipeline.
         param_bytes, grad_bytes, opt_bytes: model state per device.
         activation_bytes: activations kept for the backward pass (+ one recomputed block).
@@ -273,7 +274,8 @@ def evaluate(
         data, fsdp, tensor, stage: degrees (their product is the device count).
         zero: 3 or 1 over "fsdp" (ignored when fsdp == 1).
         microbatches: m; default the stage degree (1 without a pipeline).
-        remat: "none", "dots" or "block"; default the workload's ("auto" -> "none").
+        remat: "none", "dots", "dots_no_batch" or "block"; default the workload's ("auto" ->
+            "none").
         schedule: "1f1b", "gpipe" or "interleaved" (Megatron's interleaved 1F1B, `virtual`
             model chunks per device: bubble (p-1)/(v m + p-1), v x the sends, activations x
             (1 + (p-1)/(p v))) when stage > 1.
@@ -469,6 +471,8 @@ def _transformer_compute(w, *, b, m, tensor, stage, remat, replicas, local_layer
         # torch.utils.checkpoint reruns it too (`Runtime.recompute`)
         rerun = w.layer_matmul_params() - (0 if full_rerun else w.d_model * w.ff)
         layer_flops += 2 * rerun + 4 * w.seq * w.q_width
+    elif remat == "dots_no_batch":  # the attention matmuls again, for their output
+        layer_flops += 4 * w.seq * w.q_width
     head_flops = 6 * w.d_model * w.vocab
     flops = tokens * (local_layers * layer_flops + head_flops) / tensor
     lockstep = rt.pipeline == "lockstep"

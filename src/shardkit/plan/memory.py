@@ -24,7 +24,10 @@ log-sum-exp) it keeps sbh x 32 for F = 4h. `layer_activation_bytes` writes it ou
 for any F, GQA and gated MLPs; tensor parallelism splits the attention and MLP tensors but not
 the block and norm inputs (sbh(8 + 24/t) without dropout) unless sequence parallelism splits
 those too. Remat policies: "none" keeps all of it; "dots" (JAX's `dots_saveable`) keeps the
-block input and every matmul output; "block" keeps only the block input, and recomputes one
+block input and every matmul output; "dots_no_batch" (JAX's `dots_with_no_batch_dims_saveable`,
+MaxText's "minimal") keeps the block input and the weight matmuls' outputs, but not the
+attention matmuls' (they have batch dimensions; a flash kernel's output is no dot at all), so
+the attention output is recomputed; "block" keeps only the block input, and recomputes one
 block at a time in the backward pass.
 
 Pipeline schedules hold several micro-batches in flight on the first stage: GPipe m, 1F1B
@@ -197,7 +200,7 @@ def layer_activation_bytes(
         w: a `shardkit.plan.Transformer`.
         micro_batch: sequences per micro-batch on this device (b).
         tensor: tensor-parallel degree (t).
-        remat: "none", "dots" or "block" (see the module docstring).
+        remat: "none", "dots", "dots_no_batch" or "block" (see the module docstring).
         sequence_parallel: split the block and norm inputs over `tensor` too (Megatron SP).
         dot_bytes: bytes per matmul output kept under "dots" (see `activation_terms`).
         act_bytes: bytes per element of the other kept activations (see `activation_terms`).
@@ -249,15 +252,19 @@ def activation_terms(
         else:
             core = c * s2 + ((1 + c) * s2 if w.dropout else 0)  # probs (+ mask, dropped)
         return float(repl), float(c * qkv + c * tok * w.q_width + mlp + core)
-    if remat == "dots":
+    if remat in ("dots", "dots_no_batch"):
         d = dot_bytes or c
         repl = c * tok * h + 2 * d * tok * h  # block input, attention-out and MLP-down outputs
         mlp = (2 if w.gated else 1) * d * tok * f
+        if remat == "dots_no_batch":  # the attention matmuls (batch dims) are recomputed
+            return float(repl), float(d * qkv + mlp)
         core = d * s2 if w.attention == "naive" else 0  # the scores matmul
         return float(repl), float(d * qkv + d * tok * w.q_width + mlp + core)
     if remat == "block":
         return float(c * tok * h), 0.0
-    raise ShardkitValueError(f"unknown remat policy {remat!r}; fix: 'none', 'dots' or 'block'.")
+    raise ShardkitValueError(
+        f"unknown remat policy {remat!r}; fix: 'none', 'dots', 'dots_no_batch' or 'block'."
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -306,7 +313,7 @@ def transformer_memory(
             `norm_input_bytes`, `library_reduce_rows`, `gathered_layers`, `gathered_bytes`).
         micro_batch, microbatches: b and m per data replica.
         tensor, stage, fsdp, zero: the layout.
-        remat: "none", "dots" or "block".
+        remat: "none", "dots", "dots_no_batch" or "block".
         in_flight: micro-batches the busiest stage holds (`shardkit.pipeline`'s tables).
         local_layers: blocks on the busiest stage.
         layer_params: one block's parameters on a device (tensor-split matmuls, whole norms).

@@ -12,8 +12,9 @@ Keys of a run (Megatron's notation; see `tests/data/published_gpu.toml`): id, so
 hardware, devices, slices (TPU slices over the data-centre network), dtype ("fp8" for fp8
 matmuls), layers, d_model, heads, kv_heads, head_dim, d_ff, gated, vocab, seq, tied,
 positions, batch (global, in sequences), micro_batch, data, fsdp, zero, tensor, stage,
-context, virtual, schedule, sequence_parallel, recompute ("full", "selective" or "none"), mfu
-(model FLOPs over the bf16 peak), hfu (optional), verified (false: settings partly inferred).
+context, virtual, schedule, sequence_parallel, recompute ("full", "selective", "none", or
+MaxText's "minimal": the planner's "dots_no_batch"), mfu (model FLOPs over the bf16 peak), hfu
+(optional), verified (false: settings partly inferred).
 
 Example:
     >>> run = dict(id="toy", stack="megatron", hardware="a100", devices=8, layers=4,
@@ -45,7 +46,9 @@ STACK_RUNTIMES = {
     "torchtitan": "torchtitan", "llm-foundry": "pytorch-fsdp", "maxtext": "maxtext",
     "palm": "maxtext", "shardkit": "shardkit",
 }  # fmt: skip
-_REMAT = {"full": "block", "selective": "dots", "none": "none", "block": "block", "dots": "dots"}
+# MaxText's "minimal" is JAX's dots_with_no_batch_dims_saveable (MaxText/layers/models.py)
+_REMAT = {"full": "block", "selective": "dots", "minimal": "dots_no_batch", "none": "none",
+          "block": "block", "dots": "dots", "dots_no_batch": "dots_no_batch"}  # fmt: skip
 _SHAPE = ("layers", "d_model", "heads", "vocab", "seq", "batch", "d_ff", "kv_heads", "gated",
           "tied", "positions", "norm_params", "head_dim")  # fmt: skip
 

@@ -31,8 +31,11 @@ from typing import Any, Literal
 from shardkit.errors import ShardkitValueError
 from shardkit.plan.memory import get_precision, optimizer_bytes
 
-Remat = Literal["auto", "none", "dots", "block"]
-REMAT_POLICIES = ("none", "dots", "block")
+Remat = Literal["auto", "none", "dots", "dots_no_batch", "block"]
+REMAT_POLICIES = ("none", "dots", "block")  # the policies shardkit's GPT runs; searched
+# policies other stacks run, costed when asked for: JAX's `dots_with_no_batch_dims_saveable`
+# (MaxText's remat_policy="minimal") keeps the weight matmuls' outputs, not attention's
+OTHER_REMAT_POLICIES = ("dots_no_batch",)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -67,7 +70,8 @@ class Transformer:
         precision: a `shardkit.plan.memory.Precision` name ("mixed", "shardkit", "megatron",
             "fp32") or value.
         optimizer: "adam"/"adamw" (two fp32 moments), "sgd" (momentum) or "none".
-        remat: "auto" (the search chooses), "none", "dots" or "block".
+        remat: "auto" (the search chooses), "none", "dots" or "block"; "dots_no_batch"
+            (MaxText's "minimal") is costed when asked for but not searched.
         logits_bytes: bytes held per output logit at the loss (4: one f32 array, a fused
             cross-entropy; shardkit's `lm_loss` holds f32 logits, log-probabilities, one-hot
             targets and their cotangents: about 24).
@@ -121,10 +125,10 @@ class Transformer:
                 f"Transformer kv_heads={self.kv_heads} does not divide heads={self.heads}; "
                 "fix: kv_heads must divide heads (grouped-query attention)."
             )
-        if self.remat not in ("auto", *REMAT_POLICIES):
+        if self.remat not in ("auto", *REMAT_POLICIES, *OTHER_REMAT_POLICIES):
             raise ShardkitValueError(
                 f"Transformer remat={self.remat!r} is not one of "
-                f"{('auto', *REMAT_POLICIES)}; fix: remat='auto'."
+                f"{('auto', *REMAT_POLICIES, *OTHER_REMAT_POLICIES)}; fix: remat='auto'."
             )
         if self.attention not in ("flash", "naive"):
             raise ShardkitValueError(
