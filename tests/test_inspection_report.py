@@ -1,6 +1,9 @@
 """Report renderings, assert_collectives, compiled layouts and the `shardkit inspect` command."""
 
 import json
+import os
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -216,3 +219,46 @@ def test_parse_arg_spec():
     assert parse_arg_spec("s32[]") == ("int32", (), None)
     with pytest.raises(ValueError, match=r"--args 'f32\(3\)'"):
         parse_arg_spec("f32(3)")
+
+
+_CACHED = """
+import os, sys
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+import jax, jax.numpy as jnp
+from jax.sharding import NamedSharding, PartitionSpec as P
+jax.config.update("jax_compilation_cache_dir", sys.argv[1])
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
+import shardkit
+mesh = jax.make_mesh((8,), ("x",))
+x = jax.device_put(jnp.ones((64, 64)), NamedSharding(mesh, P("x", None)))
+{pad}
+def f(a):
+    return jnp.sum(a, axis=0)
+
+print([c.where for c in shardkit.inspect(f, x).collectives])
+print(jax.config.jax_compilation_cache_include_metadata_in_key)
+"""
+
+
+def test_source_lines_are_right_with_a_persistent_compilation_cache(tmp_path):
+    # the cache key leaves source locations out by default: a program that only moved in its
+    # file would be served the first one's executable, metadata and all, and inspect would name
+    # the first file's lines
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    cache = tmp_path / "cache"
+    for name, pad in (("first.py", ""), ("second.py", "\n\n\n")):
+        script = tmp_path / name
+        script.write_text(_CACHED.format(pad=pad))
+        out = subprocess.run(
+            [sys.executable, str(script), str(cache)],
+            env=env,
+            text=True,
+            capture_output=True,
+            timeout=300,
+            check=True,
+        ).stdout.splitlines()
+        line = 14 + len(pad)  # `return jnp.sum(...)`
+        assert out[0] == f"['{script}:{line} (f)']", out
+        assert out[1] == "False"  # the user's setting is restored
+    assert any(cache.iterdir())  # the cache was written, so the second run could have hit it

@@ -1,17 +1,42 @@
 """Compiling what the audit is given: a function, a jitted function, or a Lowered, Traced or
-Compiled object, with the arguments checked against the function's signature first."""
+Compiled object, with the arguments checked against the function's signature first.
+
+Compiles here key JAX's persistent compilation cache on the program's source locations too
+(`source_exact_compiles`): by default the key leaves them out, so with
+`jax_compilation_cache_dir` set, a program that only moved in its file (or has the same
+function name in another file) is served from the cache with the first program's metadata,
+and the audit would name that program's source lines.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import inspect as _pyinspect
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import jax
 
 from shardkit.errors import ShardkitTypeError
 
-__all__ = ["check_args", "compile_for", "kind_of"]
+__all__ = ["check_args", "compile_for", "kind_of", "source_exact_compiles"]
+
+_METADATA_IN_KEY = "jax_compilation_cache_include_metadata_in_key"
+
+
+@contextlib.contextmanager
+def source_exact_compiles() -> Iterator[None]:
+    """Within it, JAX's persistent compilation cache serves an executable only to a program with
+    the same source locations (`jax_compilation_cache_include_metadata_in_key`), so the
+    compiled program's metadata names the caller's lines. Without a cache directory it changes
+    nothing. The setting is restored on exit."""
+    old = getattr(jax.config, _METADATA_IN_KEY)
+    jax.config.update(_METADATA_IN_KEY, True)
+    try:
+        yield
+    finally:
+        jax.config.update(_METADATA_IN_KEY, old)
 
 
 def kind_of(obj: Any) -> str:
@@ -80,9 +105,12 @@ def compile_for(
                 f"{who}({kind}, ...): a {what} object takes no arguments; got {len(args)} "
                 f"positional; fix: {who}({kind}) or {who}(jitted_fn, *args)."
             )
-        compiled = fn.compile() if kind == "lowered" else fn.lower().compile()
+        with source_exact_compiles():
+            compiled = fn.compile() if kind == "lowered" else fn.lower().compile()
     else:
         check_args(fn, args, kwargs, who)
         jitted = fn if kind == "jitted" else jax.jit(fn)
-        compiled = jitted.lower(*args, **kwargs).compile()
+        lowered = jitted.lower(*args, **kwargs)
+        with source_exact_compiles():
+            compiled = lowered.compile()
     return compiled, time.perf_counter() - t0
