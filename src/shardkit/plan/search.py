@@ -103,9 +103,8 @@ def plan(
         devices: number of chips.
         hardware: profile name ("h100", "a100", "tpu-v5p", "cpu", ...) or `Hardware`.
         batch: global batch in sequences (default: the workload's).
-        remat: fix the remat policy ("none", "dots", "block", or "dots_no_batch" as other
-            stacks run it); default the workload's
-            ("auto": the search chooses).
+        remat: fix the remat policy ("none", "dots", "dots_no_batch", "block"); default the
+            workload's ("auto": the search chooses).
         schedule: pipeline schedule for stage > 1 ("1f1b", "gpipe", "interleaved" or
             "zb-h1"; `shardkit.plan.pipe`: the schedules shardkit's pipeline runs).
         virtual: model chunks per device for the interleaved schedule.
