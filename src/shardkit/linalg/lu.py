@@ -184,8 +184,12 @@ def _lu_steps(a, ipiv, info, rhs, *, j0, j1, row0, col0, nb, p, axes, col_block)
         # Only the owner factors the panel (LAPACK, once per step, not once per device); one
         # psum hands everyone the factors, L11^-1, the pivots and the interchanges together.
         own = lax.dynamic_slice(a, (row0, kc), (m, nb))  # (M, nb)
-        # Rows r0.. first (a row gather: jnp.roll by a traced shift concatenates two copies).
-        rolled = jnp.where((rows < a.shape[0] - lr0)[:, None], own[(rows - row0 + lr0) % m], 0)
+        # Rows r0.. first (a row gather: jnp.roll by a traced shift concatenates two copies);
+        # a stage of one step starts at its window's first row and needs no rotation.
+        if aligned:
+            rolled = own
+        else:
+            rolled = jnp.where((rows < a.shape[0] - lr0)[:, None], own[(rows - row0 + lr0) % m], 0)
         packed = lax.cond(
             mine,
             functools.partial(_factor_panel, nb=nb),
@@ -196,7 +200,7 @@ def _lu_steps(a, ipiv, info, rhs, *, j0, j1, row0, col0, nb, p, axes, col_block)
         lu_p, l11_inv = packed[:m], packed[m : m + nb]
         indices = packed[m + nb :].real.astype(jnp.int32)  # relative to row r0
         piv, src = indices[0], indices[1:].reshape(-1)
-        unrolled = lu_p[(rows - row0 - lr0) % m]  # (M, nb), back in window row order
+        unrolled = lu_p if aligned else lu_p[(rows - row0 - lr0) % m]  # (M, nb), window order
         # Row interchanges of the whole local rows: the rows at r0 + t for t in
         # {0..nb-1} U {piv} receive the rows r0 + src; one gather and one scatter.
         t = jnp.concatenate([jnp.arange(nb), piv])  # (2 nb,)
@@ -230,6 +234,9 @@ def _lu_steps(a, ipiv, info, rhs, *, j0, j1, row0, col0, nb, p, axes, col_block)
         info = jnp.where((info == 0) & zero.any(), first, info)
         return a, ipiv, info, rhs
 
+    aligned = j1 - j0 == 1  # one step: j = j0 is static and its panel starts at row0
+    if aligned:
+        return step(j0, (a, ipiv, info, rhs))
     return lax.fori_loop(j0, j1, step, (a, ipiv, info, rhs))
 
 
