@@ -39,7 +39,7 @@ from shardkit.linalg.layout2d import check_grid
 from shardkit.linalg.lu import LUFactors, lu_local, raise_if_singular
 from shardkit.linalg.triangular import (
     as_columns,
-    matvec_rows_local,
+    op_matvec,
     outer_cyclic_local,
     tri_solve_local,
 )
@@ -79,18 +79,12 @@ def _solve_map(a, b, mesh, axes, nb, keep):
     return jax.shard_map(f, mesh=mesh, in_specs=(P(axes, None), P()), out_specs=out_specs)(a, b)
 
 
-def _matvec(mesh, axes):
-    """``(A, v) -> A v`` for a row-sharded ``P(axes, None)`` A and a replicated v."""
-    f = functools.partial(matvec_rows_local, p=n_devices(mesh, axes), axes=axes)
-    return jax.shard_map(f, mesh=mesh, in_specs=(P(axes, None), P()), out_specs=P())
-
-
 def _lu_solve_linear(a, packed, perm, rhs, mesh, axes, nb):
     """``A^-1 rhs`` with the factors of the row-sharded A, as ``lax.custom_linear_solve``: linear
     in ``rhs`` with its transpose ``A^-T`` (the transposed solve with the same factors), so
     JAX transposes it for reverse mode; ``A v`` (``matvec``) serves higher derivatives."""
     return lax.custom_linear_solve(
-        functools.partial(_matvec(mesh, axes), a),
+        functools.partial(op_matvec(mesh, axes), a),
         rhs,
         solve=lambda _, r: _lu_solve_map(packed, perm, r, mesh, axes, nb, keep=False),
         transpose_solve=lambda _, r: _lu_solve_t_map(packed, perm, r, mesh, axes, nb),
@@ -111,7 +105,7 @@ def _solve_padded_jvp(mesh, axes, nb, primals, tangents):
     a, b = primals
     da, db = tangents
     x, info, packed, perm = _solve_map(a, b, mesh, axes, nb, keep=True)
-    dx = _lu_solve_linear(a, packed, perm, db - _matvec(mesh, axes)(da, x), mesh, axes, nb)
+    dx = _lu_solve_linear(a, packed, perm, db - op_matvec(mesh, axes)(da, x), mesh, axes, nb)
     return (x, info), (dx, np.zeros(info.shape, jax.dtypes.float0))
 
 

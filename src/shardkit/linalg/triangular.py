@@ -173,10 +173,14 @@ def matvec_rows_local(a, v, *, p, axes, transpose=False):
     return lax.psum(lax.dynamic_update_slice_in_dim(full, a @ v, me * r, axis=0), axes)
 
 
-def _op_matvec_local(a, v, *, p, axes, lower, transpose, unit_diagonal, identity):
-    """Inside ``shard_map``: ``op(T) v`` for the triangle T that a solve reads from the rows
-    ``a`` (entries outside it are not T's; a unit diagonal is not read: ``identity`` adds it,
-    as T has and its tangent dT has not)."""
+def _op_matvec_local(a, v, *, p, axes, flags, identity):
+    """Inside ``shard_map``: ``op(T) v`` for the triangle T that a solve of ``flags`` reads from
+    the rows ``a`` (entries outside it are not T's; a unit diagonal is not read: ``identity``
+    adds it, as T has and its tangent dT has not); ``A v`` for the whole rows when ``flags`` is
+    None."""
+    if flags is None:
+        return matvec_rows_local(a, v, p=p, axes=axes)
+    lower, transpose, unit_diagonal = flags
     r, n_pad = a.shape
     rows = lax.axis_index(axes) * r + jnp.arange(r)[:, None]
     mask = triangle_mask(rows, jnp.arange(n_pad)[None, :], lower=lower,
@@ -185,13 +189,12 @@ def _op_matvec_local(a, v, *, p, axes, lower, transpose, unit_diagonal, identity
     return out + v if unit_diagonal and identity else out
 
 
-def _op_matvec(mesh, axes, flags, *, identity=True):
-    """``(T rows, v) -> op(T) v`` for the row-sharded ``P(axes, None)`` T of ``flags``."""
-    lower, transpose, unit_diagonal = flags
-    f = functools.partial(
-        _op_matvec_local, p=n_devices(mesh, axes), axes=axes, lower=lower, transpose=transpose,
-        unit_diagonal=unit_diagonal, identity=identity,
-    )  # fmt: skip
+def op_matvec(mesh, axes, flags=None, *, identity=True):
+    """``(rows of A, v) -> op(T) v`` for a row-sharded ``P(axes, None)`` A and a replicated v:
+    the triangle T of a solve with ``flags`` ``(lower, transpose, unit_diagonal)``, or the whole
+    matrix (``A v``) when ``flags`` is None."""
+    f = functools.partial(_op_matvec_local, p=n_devices(mesh, axes), axes=axes, flags=flags,
+                          identity=identity)  # fmt: skip
     return jax.shard_map(f, mesh=mesh, in_specs=(P(axes, None), P()), out_specs=P())
 
 
@@ -221,9 +224,9 @@ def _tri_padded_jvp(mesh, axes, nb, flags, primals, tangents):
     da, db = tangents
     x, a_cyclic = _tri_map(a, b, mesh, axes, nb, flags, keep=True)
     lower, transpose, unit_diagonal = flags
-    rhs = db - _op_matvec(mesh, axes, flags, identity=False)(da, x)
+    rhs = db - op_matvec(mesh, axes, flags, identity=False)(da, x)
     dx = lax.custom_linear_solve(
-        functools.partial(_op_matvec(mesh, axes, flags), a),
+        functools.partial(op_matvec(mesh, axes, flags), a),
         rhs,
         solve=lambda _, r: _cyclic_solve(a_cyclic, r, mesh, axes, nb, flags),
         transpose_solve=lambda _, r: _cyclic_solve(
