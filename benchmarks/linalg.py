@@ -16,6 +16,10 @@ vs `jax.scipy.sparse.linalg.cg` on the sharded and on a single-device matrix.
 
 Simulated devices share the CPU cores, so only ratios within one run mean anything, and no
 distributed variant can beat one device on CPU (the point on CPU is memory and no gather).
+The devices are set up by `shardkit.simulate_cpu_devices(8)`, which also sets
+`OPENBLAS_THREAD_TIMEOUT=4` (idle OpenBLAS workers sleep instead of spinning on the shared
+cores) unless the environment sets it; both the distributed and the one-device solves run under
+it, and the header line prints it. `OPENBLAS_THREAD_TIMEOUT=28` restores OpenBLAS's default.
 
     python benchmarks/linalg.py                     # N = 1024, 2048, 4096
     python benchmarks/linalg.py --sizes 512 1024    # quicker
@@ -27,20 +31,16 @@ import argparse
 import os
 import time
 
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
-os.environ["XLA_FLAGS"] = (
-    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
-).strip()
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import AxisType, NamedSharding
+from jax.sharding import PartitionSpec as P
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-from jax.sharding import AxisType, NamedSharding  # noqa: E402
-from jax.sharding import PartitionSpec as P  # noqa: E402
-
-import shardkit.linalg as sl  # noqa: E402
-from shardkit.inspection.hlo import collective_counts  # noqa: E402
-from shardkit.linalg.layout import block_size_for  # noqa: E402
+import shardkit.linalg as sl
+from shardkit.inspection.hlo import collective_counts
+from shardkit.linalg.layout import block_size_for
+from shardkit.mesh import simulate_cpu_devices
 
 MIB = 2**20
 ABBREV = {"all-gather": "AG", "all-reduce": "AR", "all-to-all": "A2A", "collective-permute": "CP",
@@ -166,8 +166,10 @@ def main():
     )
     parser.add_argument("--grid", type=int, default=48, help="CG Poisson grid side (N = grid^2)")
     args = parser.parse_args()
+    simulate_cpu_devices(8)
     print(f"jax {jax.__version__}, {jax.device_count()} {jax.default_backend()} devices, "
-          f"{os.cpu_count()} cores")  # fmt: skip
+          f"{os.cpu_count()} cores, OPENBLAS_THREAD_TIMEOUT="
+          f"{os.environ.get('OPENBLAS_THREAD_TIMEOUT')}")  # fmt: skip
     for n in args.sizes:
         bench_solve(n, args.rounds, args.block_size)
     bench_cg(args.grid, args.rounds)

@@ -1,5 +1,9 @@
 """Meshes: shapes, names, axis types, device subsets, fallback, descriptions, bad input."""
 
+import os
+import subprocess
+import sys
+
 import jax
 import pytest
 from jax.sharding import AxisType
@@ -90,3 +94,30 @@ def test_simulate_after_start_is_refused():
         simulate_cpu_devices(4)
     with pytest.raises(ValueError, match="integer >= 1"):
         simulate_cpu_devices(0)
+
+
+@pytest.mark.parametrize(
+    ("env", "n", "want"),
+    [(None, 4, "4"), ("12", 4, "12"), (None, 1, None)],
+    ids=["set-for-simulated-devices", "the-users-value-wins", "one-device-untouched"],
+)
+def test_simulate_quiets_openblas_workers_before_lapack_loads(env, n, want):
+    # A fresh process: OpenBLAS reads OPENBLAS_THREAD_TIMEOUT when it loads, at the first
+    # LAPACK call, so the setting must be in the environment by then.
+    script = (
+        "import os, jax.numpy as jnp, shardkit as sk\n"
+        f"sk.simulate_cpu_devices({n})\n"
+        "x = jnp.linalg.solve(jnp.eye(3) * 2.0, jnp.ones(3))\n"
+        "assert float(x[0]) == 0.5\n"
+        "print(os.environ.get('OPENBLAS_THREAD_TIMEOUT'))\n"
+    )
+    environ = {
+        k: v for k, v in os.environ.items() if k not in ("OPENBLAS_THREAD_TIMEOUT", "XLA_FLAGS")
+    }
+    if env is not None:
+        environ["OPENBLAS_THREAD_TIMEOUT"] = env
+    out = subprocess.run(
+        [sys.executable, "-c", script], env=environ, capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split()[-1] == str(want)
