@@ -14,6 +14,11 @@ os.environ["XLA_FLAGS"] = (
     + " --xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0"
 ).strip()
 
+# Idle OpenBLAS workers (LAPACK under jnp.linalg) sleep at once instead of spinning 2^28 cycles
+# on the cores the 8 simulated devices share, as `shardkit.simulate_cpu_devices` arranges:
+# tests/test_linalg_lu.py took 93 s with it against 112 s without.
+os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
+
 import jax  # noqa: E402
 import pytest  # noqa: E402
 from jax.sharding import AxisType  # noqa: E402
