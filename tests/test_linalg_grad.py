@@ -164,6 +164,54 @@ def test_lu_solve_grad_matches_jax_scipy(dtype, k, axis_type):
         assert_close(natural(g.lu, f), ref[0], dtype)
 
 
+@pytest.mark.parametrize("dtype,k", [("float32", 2), ("complex128", None)])
+def test_lu_solve_forward_mode_matches_jax_scipy(dtype, k, axis_type):
+    """jax.jvp (tangents in the LU storage and in b), jacfwd in b, and forward-over-reverse."""
+    with jax.enable_x64(True):
+        mesh = make_mesh(axis_type)
+        a, b, _ = system("float64", k, seed=5)
+        rng = np.random.default_rng(6)
+        if dtype.startswith("complex"):
+            a = a + 0.3j * jnp.asarray(rng.standard_normal(a.shape))
+            b = b + 1j * jnp.asarray(rng.standard_normal(b.shape))
+        a, b = a.astype(dtype), b.astype(dtype)
+        f = sl.lu(jax.device_put(a, NamedSharding(mesh, P("x", None))), block_size=NB)
+        packed = jnp.asarray(natural(f.lu, f))
+        piv = jnp.asarray(np.asarray(f.pivots)[:N])
+        d_packed = jnp.asarray(rng.standard_normal((N, N)) / N, dtype)
+        db = jnp.asarray(rng.standard_normal(b.shape), dtype)
+        # the same storage tangent in the cyclic layout (the padding's entries get none)
+        d_storage = np.zeros(f.lu.shape, dtype)
+        d_storage[:N, :N] = np.asarray(d_packed)
+        order = sl.column_cyclic_order(f.lu.shape[0], NB, 8)
+        d_storage = jax.device_put(jnp.asarray(d_storage[:, order]), f.lu.sharding)
+
+        def ref(lu, b):
+            return jax.scipy.linalg.lu_solve((lu, piv), b)
+
+        def ours(storage, b):
+            return sl.lu_solve(dataclasses.replace(f, lu=storage), b)
+
+        ref_x, ref_dx = jax.jvp(ref, (packed, b), (d_packed, db))
+        holo = dtype.startswith("complex")
+        ref_jac = jax.jacfwd(lambda b: ref(packed, b), holomorphic=holo)(b)
+        w = jnp.ones(b.shape, dtype)
+        ref_hvp = jax.jvp(lambda b: jax.grad(lambda s: jnp.vdot(w, ref(s, b)).real)(packed),
+                          (b,), (db,))[1]  # fmt: skip
+        tol = "float32" if dtype in ("float32", "complex64") else "float64"
+        with jax.set_mesh(mesh):
+            x, dx = jax.jvp(ours, (f.lu, b), (d_storage, db))
+            _, dx_jit = jax.jit(lambda s, b: jax.jvp(ours, (s, b), (d_storage, db)))(f.lu, b)
+            jac = jax.jacfwd(lambda b: ours(f.lu, b), holomorphic=holo)(b)
+            hvp = jax.jvp(lambda b: jax.grad(lambda s: jnp.vdot(w, ours(s, b)).real)(f.lu),
+                          (b,), (db,))[1]  # fmt: skip
+        for got, want in ((x, ref_x), (dx, ref_dx), (dx_jit, ref_dx), (jac, ref_jac)):
+            assert_close(np.asarray(got).real, np.asarray(want).real, tol)
+            assert_close(np.asarray(got).imag, np.asarray(want).imag, tol)
+        assert_close(natural(hvp, f).real, np.asarray(ref_hvp).real, tol)
+        assert_close(natural(hvp, f).imag, np.asarray(ref_hvp).imag, tol)
+
+
 @pytest.mark.parametrize("dtype,k", [("float32", None), ("float64", 2)])
 def test_cho_solve_grad_matches_jax_scipy(dtype, k, axis_type):
     with jax.enable_x64(True):

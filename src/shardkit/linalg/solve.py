@@ -33,6 +33,7 @@ from shardkit.linalg.grid import lu_solve_grid_jit, solve_grid_jit
 from shardkit.linalg.layout import (
     block_size_for,
     check_matrix,
+    global_index,
     n_devices,
 )
 from shardkit.linalg.layout2d import check_grid
@@ -40,8 +41,8 @@ from shardkit.linalg.lu import LUFactors, lu_local, raise_if_singular
 from shardkit.linalg.triangular import (
     as_columns,
     op_matvec,
-    outer_cyclic_local,
     tri_solve_local,
+    triangle_mask,
 )
 from shardkit.placement import constrain
 
@@ -125,38 +126,66 @@ def _lu_solve_map(packed, perm, b, mesh, axes, nb, keep):
     )
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
+def _tri_matvec_local(a, v, *, nb, p, axes, lower, unit_diagonal):
+    """Inside ``shard_map``: ``T v`` for the triangle of the cyclic storage (Np, Np/P) that a
+    solve with ``lower`` / ``unit_diagonal`` reads (without the unit diagonal's ``v``); ``v``
+    replicated (Np, k). One psum of an (Np, k) partial product."""
+    gcol = global_index(a.shape[1], nb, p, lax.axis_index(axes))
+    rows = jnp.arange(a.shape[0])[:, None]
+    mask = triangle_mask(rows, gcol[None, :], lower=lower, unit_diagonal=unit_diagonal)
+    return lax.psum(jnp.where(mask, a, 0) @ v[gcol], axes)
+
+
+def _lu_matvec_local(a, perm, v, *, nb, p, axes):
+    """Inside ``shard_map``: ``A v = P^T L U v`` from the cyclic LU storage of ``A[perm]``."""
+    kw = dict(nb=nb, p=p, axes=axes, lower=True, unit_diagonal=True)
+    u = _tri_matvec_local(a, v, nb=nb, p=p, axes=axes, lower=False, unit_diagonal=False)
+    return _unpermute(u + _tri_matvec_local(a, u, **kw), perm)
+
+
+def _lu_tangent_matvec_local(a, perm, da, x, y, *, nb, p, axes):
+    """Inside ``shard_map``: ``dA x = P^T (dL y + L dU x)`` for a tangent ``da`` of the LU
+    storage (``dL`` below its diagonal, ``dU`` on and above it), with ``y = U x``; linear in
+    ``da``, so JAX transposes it into the storage's cotangent."""
+    kw = dict(nb=nb, p=p, axes=axes, lower=True, unit_diagonal=True)
+    du_x = _tri_matvec_local(da, x, nb=nb, p=p, axes=axes, lower=False, unit_diagonal=False)
+    r = _tri_matvec_local(da, y, **kw) + du_x + _tri_matvec_local(a, du_x, **kw)
+    return _unpermute(r, perm)
+
+
+def _lu_factors_solve(packed, perm, rhs, mesh, axes, nb):
+    """``A^-1 rhs`` with the cyclic LU storage, as ``lax.custom_linear_solve``: its transpose is
+    the transposed solve with the same factors (``A^-T``), so JAX transposes it for reverse
+    mode; ``A v`` from the factors (``matvec``) serves higher derivatives."""
+    f = functools.partial(_lu_matvec_local, nb=nb, p=n_devices(mesh, axes), axes=axes)
+    matvec = jax.shard_map(f, mesh=mesh, in_specs=(P(None, axes), P(), P()), out_specs=P())
+    return lax.custom_linear_solve(
+        functools.partial(matvec, packed, perm),
+        rhs,
+        solve=lambda _, r: _lu_solve_map(packed, perm, r, mesh, axes, nb, keep=False),
+        transpose_solve=lambda _, r: _lu_solve_t_map(packed, perm, r, mesh, axes, nb),
+    )
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(3, 4, 5))
 def _lu_solve_padded(packed, perm, b, mesh, axes, nb):
-    """``x = U^-1 L^-1 b[perm]`` with the cyclic LU storage. Its VJP gives ``b_bar = lam`` and
-    the storage's cotangent: ``-w y^T`` below the diagonal (L) and ``-z x^T`` on and above it
-    (U), with ``y = L^-1 b[perm]`` and ``w, z`` from :func:`_lu_adjoint_local`."""
+    """``x = U^-1 L^-1 b[perm]`` with the cyclic LU storage. Its JVP, ``dx = A^-1 (db - dA x)``
+    with ``dA x`` from the storage's tangent (:func:`_lu_tangent_matvec_local`) and ``A^-1`` by
+    :func:`_lu_factors_solve`, gives JAX the reverse mode too: ``b_bar = lam = A^-T x_bar`` and
+    the storage's cotangent ``-w y^T`` below the diagonal (L) and ``-z x^T`` on and above it
+    (U), with ``y = L^-1 b[perm]``, ``z = U^-T x_bar`` and ``w = L^-T z``."""
     return _lu_solve_map(packed, perm, b, mesh, axes, nb, keep=False)
 
 
-def _lu_solve_padded_fwd(packed, perm, b, mesh, axes, nb):
+@_lu_solve_padded.defjvp
+def _lu_solve_padded_jvp(mesh, axes, nb, primals, tangents):
+    packed, perm, b = primals
+    dpacked, _, db = tangents
     x, y = _lu_solve_map(packed, perm, b, mesh, axes, nb, keep=True)
-    return x, (packed, perm, x, y)
-
-
-def _lu_storage_adjoint_local(a, perm, x_bar, x, y, *, nb, p, axes):
-    w, z = _lu_adjoint_local(a, x_bar, nb=nb, p=p, axes=axes)
-    l_bar, gcol = outer_cyclic_local(w, y, nb=nb, p=p, axes=axes)  # (Np, Np/P)
-    u_bar, _ = outer_cyclic_local(z, x, nb=nb, p=p, axes=axes)
-    below = jnp.arange(a.shape[0])[:, None] > gcol[None, :]
-    return -jnp.where(below, l_bar, u_bar), _unpermute(w, perm)
-
-
-def _lu_solve_padded_bwd(mesh, axes, nb, res, x_bar):
-    packed, perm, x, y = res
-    f = functools.partial(_lu_storage_adjoint_local, nb=nb, p=n_devices(mesh, axes), axes=axes)
-    specs = (P(None, axes), P(), P(), P(), P())
-    storage_bar, lam = jax.shard_map(f, mesh=mesh, in_specs=specs, out_specs=(P(None, axes), P()))(
-        packed, perm, x_bar, x, y
-    )
-    return storage_bar, None, lam
-
-
-_lu_solve_padded.defvjp(_lu_solve_padded_fwd, _lu_solve_padded_bwd)
+    f = functools.partial(_lu_tangent_matvec_local, nb=nb, p=n_devices(mesh, axes), axes=axes)
+    specs = (P(None, axes), P(), P(None, axes), P(), P())
+    dax = jax.shard_map(f, mesh=mesh, in_specs=specs, out_specs=P())(packed, perm, dpacked, x, y)
+    return x, _lu_factors_solve(packed, perm, db - dax, mesh, axes, nb)
 
 
 def _lu_solve_t_local(a, perm, b, *, nb, p, axes):
@@ -256,6 +285,9 @@ def lu_solve(
     factors: LUFactors, b: jax.Array, *, check: bool = True, transpose: bool = False
 ) -> jax.Array:
     """Solves ``A x = b`` (or ``A^T x = b``) with distributed LU factors of A.
+
+    Differentiable in forward and reverse mode in ``b`` and in the storage ``factors.lu`` (the
+    1-D layout, without ``transpose``), with rules that reuse the factors.
 
     Args:
         factors: the result of :func:`~shardkit.linalg.lu`.

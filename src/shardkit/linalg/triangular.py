@@ -296,8 +296,9 @@ def triangular_solve(
 ) -> jax.Array:
     """Solves ``op(A) x = b`` for a distributed triangular A (left side), without gathering A.
 
-    Differentiable (reverse mode) in ``a`` and ``b``: the VJP solves with ``op(A)^T`` on the
-    same distributed storage; ``a``'s cotangent is masked to the triangle that is read.
+    Differentiable (forward and reverse mode) in ``a`` and ``b``: the rules solve with
+    ``op(A)^T`` on the same distributed storage; ``a``'s cotangent is masked to the triangle
+    that is read.
 
     Args:
         a: (N, N) triangular matrix, any sharding; only the triangle named by ``lower`` is read.
