@@ -238,6 +238,55 @@ def test_cho_solve_grad_matches_jax_scipy(dtype, k, axis_type):
             assert_close(gb, ref[1], dtype)
 
 
+@pytest.mark.parametrize("dtype,k", [("float64", 2), ("complex128", None), ("complex64", 2)])
+def test_cho_solve_forward_mode_and_complex_gradients_match_jax_scipy(dtype, k, axis_type):
+    """jax.jvp (tangents in the storage of L and in b), jacfwd in b, and jax.grad for complex
+    (Hermitian) factors, against jax.scipy.linalg.cho_solve on the same factor."""
+    with jax.enable_x64(True):
+        mesh = make_mesh(axis_type)
+        a, b, w = system("float64", k, seed=7)
+        rng = np.random.default_rng(8)
+        if dtype.startswith("complex"):
+            a = a + 0.3j * jnp.asarray(rng.standard_normal(a.shape))
+            b = b + 1j * jnp.asarray(rng.standard_normal(b.shape))
+            w = w + 1j * jnp.asarray(rng.standard_normal(w.shape))
+        a = a @ a.conj().T  # Hermitian positive definite, well conditioned
+        a, b, w = a.astype(dtype), b.astype(dtype), w.astype(dtype)
+        f = sl.cholesky(jax.device_put(a, NamedSharding(mesh, P("x", None))), block_size=NB)
+        c = jnp.asarray(np.tril(natural(f.l, f)))  # the same factor, natural order
+        dc = jnp.asarray(np.tril(rng.standard_normal((N, N))) / N, dtype)
+        db = jnp.asarray(rng.standard_normal(b.shape), dtype)
+        d_storage = np.zeros(f.l.shape, dtype)
+        d_storage[:N, :N] = np.asarray(dc)
+        order = sl.column_cyclic_order(f.l.shape[0], NB, 8)
+        d_storage = jax.device_put(jnp.asarray(d_storage[:, order]), f.l.sharding)
+
+        def ref(c, b):
+            return jax.scipy.linalg.cho_solve((c, True), b)
+
+        def ours(storage, b):
+            return sl.cho_solve(dataclasses.replace(f, l=storage), b)
+
+        def loss(fn):
+            return lambda s, b: jnp.real(jnp.vdot(w, fn(s, b)))
+
+        holo = dtype.startswith("complex")
+        ref_x, ref_dx = jax.jvp(ref, (c, b), (dc, db))
+        ref_jac = jax.jacfwd(lambda b: ref(c, b), holomorphic=holo)(b)
+        ref_g = jax.grad(loss(ref), (0, 1))(c, b)
+        with jax.set_mesh(mesh):
+            x, dx = jax.jvp(ours, (f.l, b), (d_storage, db))
+            jac = jax.jacfwd(lambda b: ours(f.l, b), holomorphic=holo)(b)
+            g_l, gb = jax.grad(loss(ours), (0, 1))(f.l, b)
+        tol = "float32" if dtype == "complex64" else "float64"
+        pairs = [(x, ref_x), (dx, ref_dx), (jac, ref_jac), (gb, ref_g[1])]
+        pairs.append((np.tril(natural(g_l, f)), ref_g[0]))
+        for got, want in pairs:
+            assert_close(np.asarray(got).real, np.asarray(want).real, tol)
+            assert_close(np.asarray(got).imag, np.asarray(want).imag, tol)
+        assert not np.asarray(np.triu(natural(g_l, f), 1)).any()  # the upper triangle is not read
+
+
 @pytest.mark.parametrize(
     "lower,transpose,unit,k",
     [(True, False, False, None), (False, False, True, 2), (True, True, True, None),

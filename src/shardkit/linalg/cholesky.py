@@ -31,7 +31,7 @@ from jax import lax
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
-from shardkit.errors import ShardkitError, ShardkitTypeError
+from shardkit.errors import ShardkitError
 from shardkit.linalg import layout
 from shardkit.linalg.layout import (
     block_size_for,
@@ -43,8 +43,8 @@ from shardkit.linalg.layout import (
 from shardkit.linalg.triangular import (
     as_columns,
     first_zero_cyclic_local,
-    outer_cyclic_local,
     raise_if_singular_triangle,
+    tri_matvec_local,
     tri_solve_local,
 )
 from shardkit.placement import constrain
@@ -172,42 +172,56 @@ def _cho_solve_map(l, b, mesh, axes, nb, keep):
     return jax.shard_map(f, mesh=mesh, in_specs=(P(None, axes), P()), out_specs=out_specs)(l, b)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4))
-def _cho_solve_padded(l, b, mesh, axes, nb):
-    """``x = L^-T L^-1 b`` with the cyclic storage of L and replicated (Np, k) b. Its VJP:
-    ``lam = A^-1 x_bar`` with the same two solves, ``b_bar = lam`` and
-    ``L_bar = -tril(lam y^T + x u^T)`` with ``y = L^T x`` and ``u = L^T lam``."""
-    return _cho_solve_map(l, b, mesh, axes, nb, keep=False)
+def _cho_matvec_local(l, v, *, nb, p, axes):
+    """Inside ``shard_map``: ``A v = L (L^H v)`` from the cyclic storage of L."""
+    kw = dict(nb=nb, p=p, axes=axes, lower=True)
+    return tri_matvec_local(l, tri_matvec_local(l, v, transpose=True, conjugate=True, **kw), **kw)
 
 
-def _cho_solve_padded_fwd(l, b, mesh, axes, nb):
-    x, y = _cho_solve_map(l, b, mesh, axes, nb, keep=True)
-    return x, (l, x, y)
+def _cho_tangent_matvec_local(l, dl, x, y, *, nb, p, axes):
+    """Inside ``shard_map``: ``dA x = dL y + L (dL^H x)`` for a tangent ``dl`` of the storage
+    (its lower triangle is read), with ``y = L^H x``; real-linear in ``dl``, so JAX transposes
+    it into the storage's cotangent."""
+    kw = dict(nb=nb, p=p, axes=axes, lower=True)
+    dlh_x = tri_matvec_local(dl, x, transpose=True, conjugate=True, **kw)
+    return tri_matvec_local(dl, y, **kw) + tri_matvec_local(l, dlh_x, **kw)
 
 
-def _cho_adjoint_local(l, x_bar, x, y, *, nb, p, axes):
-    lam, u = _cho_solve_local(l, x_bar, nb=nb, p=p, axes=axes, keep=True)  # u = L^T lam
-    lam_y, gcol = outer_cyclic_local(lam, y, nb=nb, p=p, axes=axes)  # (Np, Np/P)
-    x_u, _ = outer_cyclic_local(x, u, nb=nb, p=p, axes=axes)
-    on_or_below = jnp.arange(l.shape[0])[:, None] >= gcol[None, :]  # the triangle L is read from
-    return jnp.where(on_or_below, -(lam_y + x_u), 0), lam
+def _cho_factors_solve(l, rhs, mesh, axes, nb):
+    """``A^-1 rhs`` with the cyclic storage of L, as ``lax.custom_linear_solve``. A is Hermitian,
+    so its transpose is ``conj(A)``: ``A^-T r = conj(A^-1 conj(r))``, the same two solves."""
+    f = functools.partial(_cho_matvec_local, nb=nb, p=n_devices(mesh, axes), axes=axes)
+    matvec = jax.shard_map(f, mesh=mesh, in_specs=(P(None, axes), P()), out_specs=P())
 
+    def solve(_, r):
+        return _cho_solve_map(l, r, mesh, axes, nb, keep=False)
 
-def _cho_solve_padded_bwd(mesh, axes, nb, res, x_bar):
-    l, x, y = res
-    if jnp.iscomplexobj(l):  # x depends on L and conj(L): the rule above is the real one
-        raise ShardkitTypeError(
-            f"cho_solve: gradients of a complex ({l.dtype}) Cholesky solve are not supported. "
-            "Fix: differentiate shardkit.linalg.solve(a, b) with the Hermitian matrix instead."
-        )
-    f = functools.partial(_cho_adjoint_local, nb=nb, p=n_devices(mesh, axes), axes=axes)
-    specs = (P(None, axes), P(), P(), P())
-    return jax.shard_map(f, mesh=mesh, in_specs=specs, out_specs=(P(None, axes), P()))(
-        l, x_bar, x, y
+    return lax.custom_linear_solve(
+        functools.partial(matvec, l),
+        rhs,
+        solve=solve,
+        transpose_solve=lambda _, r: solve(None, r.conj()).conj(),
     )
 
 
-_cho_solve_padded.defvjp(_cho_solve_padded_fwd, _cho_solve_padded_bwd)
+@functools.partial(jax.custom_jvp, nondiff_argnums=(2, 3, 4))
+def _cho_solve_padded(l, b, mesh, axes, nb):
+    """``x = L^-H L^-1 b`` with the cyclic storage of L and replicated (Np, k) b. Its JVP,
+    ``dx = A^-1 (db - dA x)`` with ``dA = dL L^H + L dL^H`` and ``A^-1`` by
+    :func:`_cho_factors_solve`, gives JAX the reverse mode too: for real L, ``b_bar = lam =
+    A^-1 x_bar`` and ``L_bar = -tril(lam y^T + x u^T)`` with ``y = L^T x``, ``u = L^T lam``."""
+    return _cho_solve_map(l, b, mesh, axes, nb, keep=False)
+
+
+@_cho_solve_padded.defjvp
+def _cho_solve_padded_jvp(mesh, axes, nb, primals, tangents):
+    l, b = primals
+    dl, db = tangents
+    x, y = _cho_solve_map(l, b, mesh, axes, nb, keep=True)
+    f = functools.partial(_cho_tangent_matvec_local, nb=nb, p=n_devices(mesh, axes), axes=axes)
+    specs = (P(None, axes), P(None, axes), P(), P())
+    dax = jax.shard_map(f, mesh=mesh, in_specs=specs, out_specs=P())(l, dl, x, y)
+    return x, _cho_factors_solve(l, db - dax, mesh, axes, nb)
 
 
 @functools.partial(jax.jit, static_argnames=("mesh", "axes", "nb"))
@@ -277,10 +291,10 @@ def cholesky(
 
 
 def cho_solve(factors: CholeskyFactors, b: jax.Array, *, check: bool = True) -> jax.Array:
-    """Solves ``A x = b`` with the Cholesky factors of A (``L y = b``, then ``L^T x = y``).
+    """Solves ``A x = b`` with the Cholesky factors of A (``L y = b``, then ``L^H x = y``).
 
-    Differentiable (reverse mode) in ``b`` and in the storage ``factors.l`` (its cotangent is
-    the lower triangle's, in the same distributed layout).
+    Differentiable in forward and reverse mode, real or complex, in ``b`` and in the storage
+    ``factors.l`` (its cotangent is the lower triangle's, in the same distributed layout).
 
     Args:
         factors: the result of :func:`cholesky`.

@@ -33,7 +33,6 @@ from shardkit.linalg.grid import lu_solve_grid_jit, solve_grid_jit
 from shardkit.linalg.layout import (
     block_size_for,
     check_matrix,
-    global_index,
     n_devices,
 )
 from shardkit.linalg.layout2d import check_grid
@@ -41,8 +40,8 @@ from shardkit.linalg.lu import LUFactors, lu_local, raise_if_singular
 from shardkit.linalg.triangular import (
     as_columns,
     op_matvec,
+    tri_matvec_local,
     tri_solve_local,
-    triangle_mask,
 )
 from shardkit.placement import constrain
 
@@ -126,21 +125,11 @@ def _lu_solve_map(packed, perm, b, mesh, axes, nb, keep):
     )
 
 
-def _tri_matvec_local(a, v, *, nb, p, axes, lower, unit_diagonal):
-    """Inside ``shard_map``: ``T v`` for the triangle of the cyclic storage (Np, Np/P) that a
-    solve with ``lower`` / ``unit_diagonal`` reads (without the unit diagonal's ``v``); ``v``
-    replicated (Np, k). One psum of an (Np, k) partial product."""
-    gcol = global_index(a.shape[1], nb, p, lax.axis_index(axes))
-    rows = jnp.arange(a.shape[0])[:, None]
-    mask = triangle_mask(rows, gcol[None, :], lower=lower, unit_diagonal=unit_diagonal)
-    return lax.psum(jnp.where(mask, a, 0) @ v[gcol], axes)
-
-
 def _lu_matvec_local(a, perm, v, *, nb, p, axes):
     """Inside ``shard_map``: ``A v = P^T L U v`` from the cyclic LU storage of ``A[perm]``."""
     kw = dict(nb=nb, p=p, axes=axes, lower=True, unit_diagonal=True)
-    u = _tri_matvec_local(a, v, nb=nb, p=p, axes=axes, lower=False, unit_diagonal=False)
-    return _unpermute(u + _tri_matvec_local(a, u, **kw), perm)
+    u = tri_matvec_local(a, v, nb=nb, p=p, axes=axes, lower=False, unit_diagonal=False)
+    return _unpermute(u + tri_matvec_local(a, u, **kw), perm)
 
 
 def _lu_tangent_matvec_local(a, perm, da, x, y, *, nb, p, axes):
@@ -148,8 +137,8 @@ def _lu_tangent_matvec_local(a, perm, da, x, y, *, nb, p, axes):
     storage (``dL`` below its diagonal, ``dU`` on and above it), with ``y = U x``; linear in
     ``da``, so JAX transposes it into the storage's cotangent."""
     kw = dict(nb=nb, p=p, axes=axes, lower=True, unit_diagonal=True)
-    du_x = _tri_matvec_local(da, x, nb=nb, p=p, axes=axes, lower=False, unit_diagonal=False)
-    r = _tri_matvec_local(da, y, **kw) + du_x + _tri_matvec_local(a, du_x, **kw)
+    du_x = tri_matvec_local(da, x, nb=nb, p=p, axes=axes, lower=False, unit_diagonal=False)
+    r = tri_matvec_local(da, y, **kw) + du_x + tri_matvec_local(a, du_x, **kw)
     return _unpermute(r, perm)
 
 

@@ -129,19 +129,28 @@ def as_columns(b, n: int, arg: str) -> tuple[jax.Array, tuple[int, ...]]:
     return (b[:, None] if len(shape) == 1 else b), shape
 
 
-def outer_cyclic_local(u, v, *, nb, p, axes):
-    """Inside ``shard_map``: this device's columns of ``u v^T`` in the column-block-cyclic
-    storage (Np, Np/P), and the global index of each of those columns, (Np/P,)."""
-    gcol = global_index(u.shape[0] // p, nb, p, lax.axis_index(axes))
-    return u @ v[gcol].T, gcol  # (Np, Np/P), (Np/P,)
-
-
 def triangle_mask(rows, cols, *, lower, unit_diagonal):
     """True on the entries a triangular solve reads: the triangle, without the diagonal when
     ``unit_diagonal``."""
     if lower:
         return rows > cols if unit_diagonal else rows >= cols
     return rows < cols if unit_diagonal else rows <= cols
+
+
+def tri_matvec_local(
+    a, v, *, nb, p, axes, lower, unit_diagonal=False, transpose=False, conjugate=False
+):
+    """Inside ``shard_map``: ``op(T) v`` for the triangle of the cyclic storage (Np, Np/P) that a
+    solve with ``lower`` / ``unit_diagonal`` reads (without the unit diagonal's ``v``); ``op``
+    as in :func:`tri_solve_local`. ``v`` replicated (Np, k); one psum of an (Np, k) sum."""
+    gcol = global_index(a.shape[1], nb, p, lax.axis_index(axes))
+    rows = jnp.arange(a.shape[0])[:, None]
+    t = jnp.where(triangle_mask(rows, gcol[None, :], lower=lower, unit_diagonal=unit_diagonal),
+                  a, 0)  # fmt: skip
+    if not transpose:
+        return lax.psum(t @ v[gcol], axes)
+    t = t.conj() if conjugate else t
+    return lax.psum(jnp.zeros_like(v).at[gcol].set(t.T @ v, unique_indices=True), axes)
 
 
 def _tri_primal_local(a, b, *, nb, p, axes, keep, **kw):
