@@ -52,6 +52,22 @@ def natural(storage, factors):
     return out[: factors.n, : factors.n]
 
 
+def to_storage(m, storage):
+    """Natural (N, N) -> the column-block-cyclic layout of the factors' `storage` (zero in the
+    padding), sharded like it: the inverse of `natural`."""
+    out = np.zeros(storage.shape, m.dtype)
+    out[:N, :N] = np.asarray(m)
+    order = sl.column_cyclic_order(storage.shape[0], NB, 8)
+    return jax.device_put(jnp.asarray(out[:, order]), storage.sharding)
+
+
+def complexify(dtype, rng, *arrays):
+    """The arrays in `dtype`, with random imaginary parts when it is complex."""
+    if dtype.startswith("complex"):
+        arrays = [v + 0.3j * jnp.asarray(rng.standard_normal(v.shape)) for v in arrays]
+    return [v.astype(dtype) for v in arrays]
+
+
 @pytest.mark.parametrize("dtype,k", [("float32", None), ("float64", 3)])
 def test_solve_grad_matches_jnp(dtype, k, axis_type):
     with jax.enable_x64(True):
@@ -171,20 +187,13 @@ def test_lu_solve_forward_mode_matches_jax_scipy(dtype, k, axis_type):
         mesh = make_mesh(axis_type)
         a, b, _ = system("float64", k, seed=5)
         rng = np.random.default_rng(6)
-        if dtype.startswith("complex"):
-            a = a + 0.3j * jnp.asarray(rng.standard_normal(a.shape))
-            b = b + 1j * jnp.asarray(rng.standard_normal(b.shape))
-        a, b = a.astype(dtype), b.astype(dtype)
+        a, b = complexify(dtype, rng, a, b)
         f = sl.lu(jax.device_put(a, NamedSharding(mesh, P("x", None))), block_size=NB)
         packed = jnp.asarray(natural(f.lu, f))
         piv = jnp.asarray(np.asarray(f.pivots)[:N])
         d_packed = jnp.asarray(rng.standard_normal((N, N)) / N, dtype)
         db = jnp.asarray(rng.standard_normal(b.shape), dtype)
-        # the same storage tangent in the cyclic layout (the padding's entries get none)
-        d_storage = np.zeros(f.lu.shape, dtype)
-        d_storage[:N, :N] = np.asarray(d_packed)
-        order = sl.column_cyclic_order(f.lu.shape[0], NB, 8)
-        d_storage = jax.device_put(jnp.asarray(d_storage[:, order]), f.lu.sharding)
+        d_storage = to_storage(d_packed, f.lu)  # the same tangent, in the cyclic layout
 
         def ref(lu, b):
             return jax.scipy.linalg.lu_solve((lu, piv), b)
@@ -246,20 +255,13 @@ def test_cho_solve_forward_mode_and_complex_gradients_match_jax_scipy(dtype, k, 
         mesh = make_mesh(axis_type)
         a, b, w = system("float64", k, seed=7)
         rng = np.random.default_rng(8)
-        if dtype.startswith("complex"):
-            a = a + 0.3j * jnp.asarray(rng.standard_normal(a.shape))
-            b = b + 1j * jnp.asarray(rng.standard_normal(b.shape))
-            w = w + 1j * jnp.asarray(rng.standard_normal(w.shape))
+        a, b, w = complexify(dtype, rng, a, b, w)
         a = a @ a.conj().T  # Hermitian positive definite, well conditioned
-        a, b, w = a.astype(dtype), b.astype(dtype), w.astype(dtype)
         f = sl.cholesky(jax.device_put(a, NamedSharding(mesh, P("x", None))), block_size=NB)
         c = jnp.asarray(np.tril(natural(f.l, f)))  # the same factor, natural order
         dc = jnp.asarray(np.tril(rng.standard_normal((N, N))) / N, dtype)
         db = jnp.asarray(rng.standard_normal(b.shape), dtype)
-        d_storage = np.zeros(f.l.shape, dtype)
-        d_storage[:N, :N] = np.asarray(dc)
-        order = sl.column_cyclic_order(f.l.shape[0], NB, 8)
-        d_storage = jax.device_put(jnp.asarray(d_storage[:, order]), f.l.sharding)
+        d_storage = to_storage(dc, f.l)  # the same tangent, in the cyclic layout
 
         def ref(c, b):
             return jax.scipy.linalg.cho_solve((c, True), b)
