@@ -291,8 +291,8 @@ def simulate_cpu_devices(n: int) -> None:
     sets it: OpenBLAS's worker threads (LAPACK under ``jnp.linalg`` on CPU) otherwise spin for
     2^28 cycles after every call, and on cores already shared by ``n`` device programs that
     spinning takes them from the other devices (a distributed LU on 8 simulated devices ran
-    1.3x slower with it; a one-device solve did not gain from it). It takes effect if OpenBLAS
-    loads after this call, as it does when the first LAPACK operation runs.
+    1.3-1.5x slower with it; a one-device solve was no faster with it). It takes effect if
+    OpenBLAS loads after this call, as it does when the first LAPACK operation runs.
 
     Args:
       n: number of CPU devices (>= 1).
