@@ -79,12 +79,12 @@ def _solve_map(a, b, mesh, axes, nb, keep):
     return jax.shard_map(f, mesh=mesh, in_specs=(P(axes, None), P()), out_specs=out_specs)(a, b)
 
 
-def _lu_solve_linear(a, packed, perm, rhs, mesh, axes, nb):
-    """``A^-1 rhs`` with the factors of the row-sharded A, as ``lax.custom_linear_solve``: linear
-    in ``rhs`` with its transpose ``A^-T`` (the transposed solve with the same factors), so
-    JAX transposes it for reverse mode; ``A v`` (``matvec``) serves higher derivatives."""
+def _lu_inverse(matvec, packed, perm, rhs, mesh, axes, nb):
+    """``A^-1 rhs`` with A's cyclic LU storage, as ``lax.custom_linear_solve``: linear in
+    ``rhs`` with its transpose ``A^-T`` (the transposed solve with the same factors), so JAX
+    transposes it for reverse mode; ``matvec`` (``v -> A v``) serves higher derivatives."""
     return lax.custom_linear_solve(
-        functools.partial(op_matvec(mesh, axes), a),
+        matvec,
         rhs,
         solve=lambda _, r: _lu_solve_map(packed, perm, r, mesh, axes, nb, keep=False),
         transpose_solve=lambda _, r: _lu_solve_t_map(packed, perm, r, mesh, axes, nb),
@@ -94,7 +94,7 @@ def _lu_solve_linear(a, packed, perm, rhs, mesh, axes, nb):
 @functools.partial(jax.custom_jvp, nondiff_argnums=(2, 3, 4))
 def _solve_padded(a, b, mesh, axes, nb):
     """``(x, info)`` for the padded, row-sharded A and replicated (Np, k) b. Its JVP reuses the
-    LU factors: ``dx = A^-1 (db - dA x)`` by :func:`_lu_solve_linear`, which JAX transposes for
+    LU factors: ``dx = A^-1 (db - dA x)`` by :func:`_lu_inverse`, which JAX transposes for
     the gradients: ``b_bar = A^-T x_bar`` (two transposed triangular solves) and
     ``A_bar = -b_bar x^T``, formed row-sharded like A (the transposed ``matvec``)."""
     return _solve_map(a, b, mesh, axes, nb, keep=False)
@@ -105,7 +105,8 @@ def _solve_padded_jvp(mesh, axes, nb, primals, tangents):
     a, b = primals
     da, db = tangents
     x, info, packed, perm = _solve_map(a, b, mesh, axes, nb, keep=True)
-    dx = _lu_solve_linear(a, packed, perm, db - op_matvec(mesh, axes)(da, x), mesh, axes, nb)
+    matvec = functools.partial(op_matvec(mesh, axes), a)
+    dx = _lu_inverse(matvec, packed, perm, db - op_matvec(mesh, axes)(da, x), mesh, axes, nb)
     return (x, info), (dx, np.zeros(info.shape, jax.dtypes.float0))
 
 
@@ -142,25 +143,11 @@ def _lu_tangent_matvec_local(a, perm, da, x, y, *, nb, p, axes):
     return _unpermute(r, perm)
 
 
-def _lu_factors_solve(packed, perm, rhs, mesh, axes, nb):
-    """``A^-1 rhs`` with the cyclic LU storage, as ``lax.custom_linear_solve``: its transpose is
-    the transposed solve with the same factors (``A^-T``), so JAX transposes it for reverse
-    mode; ``A v`` from the factors (``matvec``) serves higher derivatives."""
-    f = functools.partial(_lu_matvec_local, nb=nb, p=n_devices(mesh, axes), axes=axes)
-    matvec = jax.shard_map(f, mesh=mesh, in_specs=(P(None, axes), P(), P()), out_specs=P())
-    return lax.custom_linear_solve(
-        functools.partial(matvec, packed, perm),
-        rhs,
-        solve=lambda _, r: _lu_solve_map(packed, perm, r, mesh, axes, nb, keep=False),
-        transpose_solve=lambda _, r: _lu_solve_t_map(packed, perm, r, mesh, axes, nb),
-    )
-
-
 @functools.partial(jax.custom_jvp, nondiff_argnums=(3, 4, 5))
 def _lu_solve_padded(packed, perm, b, mesh, axes, nb):
     """``x = U^-1 L^-1 b[perm]`` with the cyclic LU storage. Its JVP, ``dx = A^-1 (db - dA x)``
     with ``dA x`` from the storage's tangent (:func:`_lu_tangent_matvec_local`) and ``A^-1`` by
-    :func:`_lu_factors_solve`, gives JAX the reverse mode too: ``b_bar = lam = A^-T x_bar`` and
+    :func:`_lu_inverse`, gives JAX the reverse mode too: ``b_bar = lam = A^-T x_bar`` and
     the storage's cotangent ``-w y^T`` below the diagonal (L) and ``-z x^T`` on and above it
     (U), with ``y = L^-1 b[perm]``, ``z = U^-T x_bar`` and ``w = L^-T z``."""
     return _lu_solve_map(packed, perm, b, mesh, axes, nb, keep=False)
@@ -171,10 +158,18 @@ def _lu_solve_padded_jvp(mesh, axes, nb, primals, tangents):
     packed, perm, b = primals
     dpacked, _, db = tangents
     x, y = _lu_solve_map(packed, perm, b, mesh, axes, nb, keep=True)
-    f = functools.partial(_lu_tangent_matvec_local, nb=nb, p=n_devices(mesh, axes), axes=axes)
-    specs = (P(None, axes), P(), P(None, axes), P(), P())
-    dax = jax.shard_map(f, mesh=mesh, in_specs=specs, out_specs=P())(packed, perm, dpacked, x, y)
-    return x, _lu_factors_solve(packed, perm, db - dax, mesh, axes, nb)
+    kw = dict(nb=nb, p=n_devices(mesh, axes), axes=axes)
+    storage = P(None, axes)
+    dax = jax.shard_map(
+        functools.partial(_lu_tangent_matvec_local, **kw),
+        mesh=mesh, in_specs=(storage, P(), storage, P(), P()), out_specs=P(),
+    )(packed, perm, dpacked, x, y)  # fmt: skip
+    matvec = jax.shard_map(
+        functools.partial(_lu_matvec_local, **kw),
+        mesh=mesh, in_specs=(storage, P(), P()), out_specs=P(),
+    )  # fmt: skip
+    matvec = functools.partial(matvec, packed, perm)  # v -> A v from the factors
+    return x, _lu_inverse(matvec, packed, perm, db - dax, mesh, axes, nb)
 
 
 def _lu_solve_t_local(a, perm, b, *, nb, p, axes):
