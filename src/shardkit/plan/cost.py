@@ -237,7 +237,7 @@ class Candidate:
 def _stage_params(w: Transformer, stage: int, tensor: int) -> float:
     """Parameters on the most loaded device of a (stage, tensor) shard."""
     t, h = tensor, w.d_model
-    norms = 2 * w.norm_params * h
+    norms = w.norms * w.norm_params * h
     blocks = -(-w.layers // stage) * (w.layer_matmul_params() / t + norms)  # busiest stage
     embed = w.vocab * h / t + (w.seq * h if w.positions else 0)
     head_table = w.vocab * h / t if (not w.tied or stage > 1) else 0
@@ -370,7 +370,7 @@ def _model_terms(w, hw, *, b, m, data, fsdp, tensor, stage, zero, remat, in_flig
     c = get_precision(w.precision).compute
     if isinstance(w, Transformer):
         local_layers = -(-w.layers // stage)  # the busiest stage
-        layer_t = w.layer_matmul_params() / tensor + 2 * w.norm_params * w.d_model
+        layer_t = w.layer_matmul_params() / tensor + w.norms * w.norm_params * w.d_model
         mem = transformer_memory(
             w, hw, micro_batch=b, microbatches=m, tensor=tensor, stage=stage, fsdp=fsdp,
             zero=zero, remat=remat, in_flight=in_flight, local_layers=local_layers,
@@ -467,9 +467,11 @@ def _transformer_compute(w, *, b, m, tensor, stage, remat, replicas, local_layer
     layer_flops = 6 * w.layer_matmul_params() + 12 * w.seq * w.q_width
     full_rerun = rt.recompute == "forward"
     if remat == "block":  # the forward pass again; XLA drops the MLP-down matmul, whose
-        # output only feeds the block output (dead code when recomputing gradients' inputs);
-        # torch.utils.checkpoint reruns it too (`Runtime.recompute`)
-        rerun = w.layer_matmul_params() - (0 if full_rerun else w.d_model * w.ff)
+        # output only feeds the block output (dead code when recomputing gradients' inputs),
+        # and in a parallel block the output projection too; torch.utils.checkpoint reruns
+        # them (`Runtime.recompute`)
+        dead = w.d_model * w.ff + (w.d_model * w.q_width if w.parallel_block else 0)
+        rerun = w.layer_matmul_params() - (0 if full_rerun else dead)
         layer_flops += 2 * rerun + 4 * w.seq * w.q_width
     elif remat == "dots_no_batch":  # the attention matmuls again, for their output
         layer_flops += 4 * w.seq * w.q_width

@@ -244,8 +244,8 @@ def activation_terms(
     h, f, a = w.d_model, w.ff, w.heads
     qkv = tok * (w.q_width + 2 * w.kv_width)
     s2 = a * w.seq * w.seq * micro_batch  # elements of one s x s tensor per head
-    if remat == "none":
-        repl = 4 * c * tok * h + (2 * tok * h if w.dropout else 0)  # norm ins/outs, masks
+    if remat == "none":  # norm inputs and outputs (two of each, one in a parallel block)
+        repl = 2 * w.norms * c * tok * h + (2 * tok * h if w.dropout else 0)  # + masks
         mlp = (3 if w.gated else 2) * c * tok * f
         if w.attention == "flash":
             core = 4 * tok * a  # f32 log-sum-exp per row and head
@@ -254,7 +254,9 @@ def activation_terms(
         return float(repl), float(c * qkv + c * tok * w.q_width + mlp + core)
     if remat in ("dots", "dots_no_batch"):
         d = dot_bytes or c
-        repl = c * tok * h + 2 * d * tok * h  # block input, attention-out and MLP-down outputs
+        # block input, attention-out and MLP-down outputs; a parallel block keeps neither
+        # output (both only feed the residual sum, which no gradient needs)
+        repl = c * tok * h + (0 if w.parallel_block else 2 * d * tok * h)
         mlp = (2 if w.gated else 1) * d * tok * f
         if remat == "dots_no_batch":  # the attention matmuls (batch dims) are recomputed
             return float(repl), float(d * qkv + mlp)
@@ -387,12 +389,12 @@ def _working_set(w: Any, hw: Any, *, b: int, tensor: int, remat: str, sp: bool, 
     if hw.norm_input_bytes and hw.norm_input_bytes > a:
         # XLA:CPU with bf16 dots keeps both norms' inputs in f32, as the model upcasts
         # them, where the rest of the working set is bf16 (`Hardware.norm_input_bytes`)
-        working += 2 * (hw.norm_input_bytes - a) * rows * w.d_model
+        working += w.norms * (hw.norm_input_bytes - a) * rows * w.d_model
     if hw.library_reduce_rows and rows >= hw.library_reduce_rows:
         # XLA:CPU runs each norm's backward reduction as a YNNPACK library fusion that
         # takes its operands as buffers: the rsqrt factor and the scale of both norms are
         # broadcast to b x s x h in f32 and kept (`Hardware.library_reduce_rows`)
-        working += 2 * 2 * 4 * rows * w.d_model
+        working += w.norms * 2 * 4 * rows * w.d_model
     return working
 
 

@@ -10,8 +10,8 @@ planner thinks it fits. `benchmarks/plan_published.py` prints the table for the 
 
 Keys of a run (Megatron's notation; see `tests/data/published_gpu.toml`): id, source, stack,
 hardware, devices, slices (TPU slices over the data-centre network), dtype ("fp8" for fp8
-matmuls), layers, d_model, heads, kv_heads, head_dim, d_ff, gated, vocab, seq, tied,
-positions, batch (global, in sequences), micro_batch, data, fsdp, zero, tensor, stage,
+matmuls), layers, d_model, heads, kv_heads, head_dim, d_ff, gated, parallel_block, vocab, seq,
+tied, positions, batch (global, in sequences), micro_batch, data, fsdp, zero, tensor, stage,
 context, virtual, schedule, sequence_parallel, recompute ("full", "selective", "none", or
 MaxText's "minimal": the planner's "dots_no_batch"), mfu (model FLOPs over the bf16 peak), hfu
 (optional), verified (false: settings partly inferred).
@@ -50,7 +50,7 @@ STACK_RUNTIMES = {
 _REMAT = {"full": "block", "selective": "dots", "minimal": "dots_no_batch", "none": "none",
           "block": "block", "dots": "dots", "dots_no_batch": "dots_no_batch"}  # fmt: skip
 _SHAPE = ("layers", "d_model", "heads", "vocab", "seq", "batch", "d_ff", "kv_heads", "gated",
-          "tied", "positions", "norm_params", "head_dim")  # fmt: skip
+          "tied", "positions", "norm_params", "head_dim", "parallel_block")  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True)

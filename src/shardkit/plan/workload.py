@@ -54,6 +54,11 @@ class Transformer:
         kv_heads: key/value heads (grouped-query attention); default `heads`.
         head_dim: width per head; default d_model // heads.
         gated: SwiGLU MLP (three F x h matrices) instead of two.
+        parallel_block: attention and MLP both read one norm of the block input and their
+            outputs are added to it (GPT-J, PaLM, MaxText's 2023 decoder) instead of the MLP
+            reading a second norm of the attention's residual sum: one norm per block, and
+            the attention's output projection is neither kept for the backward pass nor rerun
+            under remat (no gradient needs its output).
         tied: output head shares the embedding table.
         positions: a learned position table (s x h).
         norm_params: parameters per norm per channel (1 RMSNorm, 2 LayerNorm with bias).
@@ -94,6 +99,7 @@ class Transformer:
     kv_heads: int | None = None
     head_dim: int | None = None
     gated: bool = False
+    parallel_block: bool = False
     tied: bool = False
     positions: bool = False
     norm_params: int = 1
@@ -166,9 +172,14 @@ class Transformer:
         mlp = (3 if self.gated else 2) * h * self.ff
         return attn + mlp
 
+    @property
+    def norms(self) -> int:
+        """Norms per block: 1 for a parallel block, else 2."""
+        return 1 if self.parallel_block else 2
+
     def layer_params(self) -> int:
-        """Parameters per block (matmuls + two norms)."""
-        return self.layer_matmul_params() + 2 * self.norm_params * self.d_model
+        """Parameters per block (matmuls + norms)."""
+        return self.layer_matmul_params() + self.norms * self.norm_params * self.d_model
 
     def embedding_params(self) -> int:
         """Token table (+ position table when learned)."""
