@@ -4,9 +4,7 @@ Each run is planned with the settings it ran with and its stack's runtime
 (`shardkit.plan.published.compare`); `python benchmarks/plan_published.py` prints the table.
 Held here, on the scored runs: median |predicted / published MFU - 1| <= 8%, every run within
 25%, the published layout among the planner's first three for >= 85% of the runs, and every
-GPU run predicted to fit. Two TPU runs that ran are still predicted not to fit (MaxText's 32B
-model on v5p and on v5e: docs/plan.md); that count is held as a regression bound, the target
-being 0.
+run predicted to fit.
 """
 
 import pathlib
@@ -37,16 +35,11 @@ def test_the_set_has_at_least_25_runs_each_with_a_source_and_a_layout():
         assert 0 < run["mfu"] < 1, run["id"]
 
 
-def _gpu(run_id: str) -> bool:
-    return not next(r for r in SCORED if r["id"] == run_id)["hardware"].startswith("tpu")
-
-
 @pytest.mark.parametrize("run_id", [r["id"] for r in SCORED])
-def test_each_run_is_predicted_within_25_percent_and_gpu_runs_fit(rows, run_id):
+def test_each_run_is_predicted_within_25_percent_and_fits(rows, run_id):
     row = rows[run_id]
     assert abs(row.ratio - 1) <= 0.25, (row.layout, row.published_mfu, row.predicted_mfu)
-    if _gpu(run_id):
-        assert row.fits, f"{run_id} ran, but is predicted not to fit ({row.margin:+.0%})"
+    assert row.fits, f"{run_id} ran, but is predicted not to fit ({row.margin:+.0%})"
 
 
 def test_median_error_and_the_published_layout_in_the_top_three(rows):
@@ -56,7 +49,6 @@ def test_median_error_and_the_published_layout_in_the_top_three(rows):
     assert len(top3) / len(rows) >= 0.85, sorted(
         (r.id, r.rank, r.top) for r in rows.values() if r not in top3
     )
-    assert sum(not r.fits for r in rows.values()) <= 2  # the target is 0: two TPU rows
 
 
 def test_hfu_counts_the_recompute_megatron_published():

@@ -21,6 +21,12 @@ Sources (figures as collected in the project's planner notes):
 * MI300X: wheelersnetwork 2024-01 (7 xGMI links x 64 GB/s per direction, HBM 192 GB 5.3 TB/s);
   peak FLOP/s recalled from AMD's datasheet (1,307 bf16 dense). No RCCL measurement was found,
   so its achievable fractions are assumptions.
+* XLA:TPU capacity: the HBM a TPU program may fill, as XLA:TPU's compile-time out-of-memory
+  error states it ("Ran out of memory in memory space hbm. Used ... of 15.75G hbm" on a 16 GiB
+  v5e, 30.75G on a 32 GiB v4 with 1.25G reserved (EasyDeL issue 166), 31.25G on a v6e, 95.74G
+  on a v5p). XLA:TPU places every buffer when it compiles, so a TPU profile's
+  `memory_fraction` is that capacity over `hbm_bytes`; the GPUs keep 0.9 for their runtimes'
+  allocators.
 * CPU: this machine (`lscpu`: 2 AMD EPYC cores at 2.6 GHz with AVX-512 FMA, i.e. 2 x 2.6e9 x
   32 FLOP/cycle in f32; XLA:CPU runs bf16 matmuls at about f32 speed). Simulated devices share
   these cores: the profile exists to plan the tests' 8-device meshes, not to predict speed.
@@ -94,7 +100,8 @@ class Hardware:
         eff_intra: achieved / nominal bandwidth inside the domain.
         eff_inter: achieved / nominal bandwidth across domains.
         mfu_ceiling: share of peak a matmul-bound step reaches without communication.
-        memory_fraction: share of `hbm_bytes` a plan may use (the rest: runtime, fragmentation).
+        memory_fraction: share of `hbm_bytes` a plan may use (the rest: runtime, fragmentation;
+            on a TPU what XLA:TPU reserves, see the sources).
         overlap: share of data-parallel/FSDP communication inside the fast domain hidden
             behind compute (1 = fully).
         overlap_inter: the same share for the traffic across domains (InfiniBand, DCN); None:
@@ -293,33 +300,34 @@ PROFILES: dict[str, Hardware] = {
         peak_flops={"bf16": 275 * _T, "int8": 275 * _T},
         hbm_bytes=32 * _GIB, hbm_bw=1.2 * _T, intra_bw=45 * _GB, inter_bw=6.25 * _GB,
         domain=4096, topology="torus3d", latency_intra=1e-6, eff_intra=0.9, mfu_ceiling=0.6,
-        overlap_inter=0.0,
-        source="SB-t; PaLM (arXiv:2204.02311) for the ceiling",
+        overlap_inter=0.0, memory_fraction=30.75 / 32,
+        source="SB-t; PaLM (arXiv:2204.02311) for the ceiling; XLA:TPU capacity 30.75 GiB",
     ),
     "tpu-v5e": Hardware(
         name="tpu-v5e", description="TPU v5e 16GB, 2-D torus ICI 16x16",
         peak_flops={"bf16": 197 * _T, "int8": 394 * _T},
         hbm_bytes=16 * _GIB, hbm_bw=0.82 * _T, intra_bw=45 * _GB, inter_bw=3.125 * _GB,
         domain=256, topology="torus2d", latency_intra=1e-6, eff_intra=0.9, mfu_ceiling=0.6,
-        overlap_inter=0.0,
-        source="GC, SB-t; MaxText v5e README for the ceiling",
+        overlap_inter=0.0, memory_fraction=15.75 / 16,
+        source="GC, SB-t; MaxText v5e README for the ceiling; XLA:TPU capacity 15.75 GiB",
     ),
     "tpu-v5p": Hardware(
         name="tpu-v5p", description="TPU v5p 95GB, 3-D torus ICI, slices to 8960 chips",
         peak_flops={"bf16": 459 * _T, "int8": 918 * _T, "fp8": 459 * _T},
-        hbm_bytes=95 * _GIB, hbm_bw=2.765 * _T, intra_bw=90 * _GB, inter_bw=6.25 * _GB,
+        hbm_bytes=96 * _GIB, hbm_bw=2.765 * _T, intra_bw=90 * _GB, inter_bw=6.25 * _GB,
         domain=8960, topology="torus3d", latency_intra=1e-6, eff_intra=0.9, mfu_ceiling=0.7,
-        overlap_inter=0.0,
-        source="GC (95 GiB: what JAX may allocate of 96 GiB), SB-t (90 GB/s effective per "
-        "link); MaxText README for the ceiling",
+        overlap_inter=0.0, memory_fraction=95.74 / 96,
+        source="GC (sold as 95 GB), SB-t (90 GB/s effective per link); MaxText README for "
+        "the ceiling; XLA:TPU capacity 95.74 GiB",
     ),
     "tpu-v6e": Hardware(
         name="tpu-v6e", description="TPU v6e (Trillium) 32GB, 2-D torus ICI 16x16",
         peak_flops={"bf16": 918 * _T, "int8": 1836 * _T},
         hbm_bytes=32 * _GIB, hbm_bw=1.64 * _T, intra_bw=90 * _GB, inter_bw=12.5 * _GB,
         domain=256, topology="torus2d", latency_intra=1e-6, eff_intra=0.9, mfu_ceiling=0.55,
-        overlap_inter=0.0,
-        source="GC, SB-t; MaxText custom-model guide (39.8% at 900B dense) for the ceiling",
+        overlap_inter=0.0, memory_fraction=31.25 / 32,
+        source="GC, SB-t; MaxText custom-model guide (39.8% at 900B dense) for the ceiling; "
+        "XLA:TPU capacity 31.25 GiB",
     ),
     "cpu": Hardware(
         name="cpu", description="this machine: 2 AMD EPYC cores, simulated devices in one host",
