@@ -3,7 +3,8 @@
 In a parallel block attention and MLP read one norm of the block input, and their outputs are
 added to it. No gradient needs the attention's output projection then, so JAX neither saves it
 under a dots policy nor reruns it under full remat: the planner's stash and recompute must say
-the same as `jax.ad_checkpoint.saved_residuals` and the compiled FLOPs.
+the same as `jax.ad_checkpoint.print_saved_residuals` and the matmul FLOPs of the gradient's
+jaxpr.
 """
 
 import contextlib
@@ -71,29 +72,46 @@ def _params():
     return {n: jax.random.normal(k, s) / D**0.5 for k, (n, s) in zip(keys, shapes.items())}
 
 
-def _workload(parallel: bool) -> Transformer:
+def _workload(parallel: bool, attention: str = "flash") -> Transformer:
     return Transformer(layers=1, d_model=D, heads=HEADS, d_ff=F, vocab=64, seq=S, batch=1,
-                       parallel_block=parallel, precision="fp32", optimizer="none")  # fmt: skip
+                       parallel_block=parallel, attention=attention, precision="fp32",
+                       optimizer="none")  # fmt: skip
 
 
-def test_dots_no_batch_stash_is_what_jax_saves_for_a_parallel_block():
-    policy = jax.checkpoint_policies.dots_with_no_batch_dims_saveable
-    p, x = _params(), jnp.ones((S, D))
+def _saved_shapes(block, policy) -> list[tuple[int, ...]]:
+    """Shapes of the residuals JAX keeps for `block` under `policy`, arguments aside."""
     out = io.StringIO()
     with contextlib.redirect_stdout(out):  # JAX's only public view of the residuals
-        print_saved_residuals(jax.checkpoint(parallel_block, policy=policy), p, x)
-    # the block input (an argument) and the dot outputs JAX keeps: q, k, v and the MLP-up,
-    # not the output projection nor the MLP-down (f32: 4 bytes each)
-    kept = [tuple(map(int, m.group(1).split(",")))
-            for line in out.getvalue().splitlines() if "argument" not in line
-            for m in [re.match(r"f32\[([\d,]+)\]", line)] if m]  # fmt: skip
-    assert sorted(kept) == [(S, D)] * 3 + [(S, F)], out.getvalue()
-    got = 4 * (sum(a * b for a, b in kept) + x.size)
-    want = mem.layer_activation_bytes(_workload(True), micro_batch=1, remat="dots_no_batch")
-    assert want == got
-    # the sequential block's stash is larger (its output projection feeds the second norm)
-    seq = mem.layer_activation_bytes(_workload(False), micro_batch=1, remat="dots_no_batch")
-    assert seq > want
+        print_saved_residuals(jax.checkpoint(block, policy=policy), _params(), jnp.ones((S, D)))
+    return sorted(tuple(map(int, m.group(1).split(",")))
+                  for line in out.getvalue().splitlines() if "argument" not in line
+                  for m in [re.match(r"f32\[([\d,]+)\]", line)] if m)  # fmt: skip
+
+
+# the dot outputs JAX keeps (f32) in a parallel block, besides the block input: q, k, v and
+# the MLP-up; the scores and the attention output (matmuls with a batch dim: heads) under
+# "dots" only; neither the output projection's nor the MLP-down's (both only feed the residual
+# sum). (A sequential block also keeps the projection's: the second norm's input is rebuilt
+# from it.)
+QKV_UP = [(S, D)] * 3 + [(S, F)]
+CASES = {
+    "dots_no_batch": QKV_UP,
+    "dots": QKV_UP + [(HEADS, S, S), (HEADS, S, D // HEADS)],
+}
+POLICIES = {"dots_no_batch": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+            "dots": jax.checkpoint_policies.dots_saveable}  # fmt: skip
+
+
+@pytest.mark.parametrize("remat", list(CASES))
+def test_the_dots_stash_of_a_parallel_block_is_what_jax_saves(remat):
+    kept = _saved_shapes(parallel_block, POLICIES[remat])
+    assert kept == sorted(CASES[remat])
+    got = 4 * (sum(math.prod(a) for a in kept) + S * D)  # + the block input
+    w = _workload(True, attention="naive")  # the scores are a dot here, not a kernel
+    assert mem.layer_activation_bytes(w, micro_batch=1, remat=remat) == got
+    # a sequential block keeps more: the projection's output (and the planner counts the
+    # MLP-down's too, see docs/plan.md)
+    assert mem.layer_activation_bytes(_workload(False, "naive"), micro_batch=1, remat=remat) > got
 
 
 @pytest.mark.parametrize("parallel", [True, False])
