@@ -44,6 +44,7 @@ from shardkit.linalg.triangular import (
     as_columns,
     first_zero_cyclic_local,
     raise_if_singular_triangle,
+    tangent_rhs,
     tri_matvec_local,
     tri_solve_local,
 )
@@ -213,15 +214,15 @@ def _cho_solve_padded(l, b, mesh, axes, nb):
     return _cho_solve_map(l, b, mesh, axes, nb, keep=False)
 
 
-@_cho_solve_padded.defjvp
+@functools.partial(_cho_solve_padded.defjvp, symbolic_zeros=True)
 def _cho_solve_padded_jvp(mesh, axes, nb, primals, tangents):
     l, b = primals
     dl, db = tangents
     x, y = _cho_solve_map(l, b, mesh, axes, nb, keep=True)
     f = functools.partial(_cho_tangent_matvec_local, nb=nb, p=n_devices(mesh, axes), axes=axes)
     specs = (P(None, axes), P(None, axes), P(), P())
-    dax = jax.shard_map(f, mesh=mesh, in_specs=specs, out_specs=P())(l, dl, x, y)
-    return x, _cho_factors_solve(l, db - dax, mesh, axes, nb)
+    dax = lambda: jax.shard_map(f, mesh=mesh, in_specs=specs, out_specs=P())(l, dl, x, y)  # noqa: E731
+    return x, _cho_factors_solve(l, tangent_rhs(b, db, dl, dax), mesh, axes, nb)
 
 
 @functools.partial(jax.jit, static_argnames=("mesh", "axes", "nb"))

@@ -40,6 +40,7 @@ from shardkit.linalg.lu import LUFactors, lu_local, raise_if_singular
 from shardkit.linalg.triangular import (
     as_columns,
     op_matvec,
+    tangent_rhs,
     tri_matvec_local,
     tri_solve_local,
 )
@@ -100,13 +101,14 @@ def _solve_padded(a, b, mesh, axes, nb):
     return _solve_map(a, b, mesh, axes, nb, keep=False)
 
 
-@_solve_padded.defjvp
+@functools.partial(_solve_padded.defjvp, symbolic_zeros=True)
 def _solve_padded_jvp(mesh, axes, nb, primals, tangents):
     a, b = primals
     da, db = tangents
     x, info, packed, perm = _solve_map(a, b, mesh, axes, nb, keep=True)
     matvec = functools.partial(op_matvec(mesh, axes), a)
-    dx = _lu_inverse(matvec, packed, perm, db - op_matvec(mesh, axes)(da, x), mesh, axes, nb)
+    rhs = tangent_rhs(b, db, da, lambda: op_matvec(mesh, axes)(da, x))
+    dx = _lu_inverse(matvec, packed, perm, rhs, mesh, axes, nb)
     return (x, info), (dx, np.zeros(info.shape, jax.dtypes.float0))
 
 
@@ -153,14 +155,14 @@ def _lu_solve_padded(packed, perm, b, mesh, axes, nb):
     return _lu_solve_map(packed, perm, b, mesh, axes, nb, keep=False)
 
 
-@_lu_solve_padded.defjvp
+@functools.partial(_lu_solve_padded.defjvp, symbolic_zeros=True)
 def _lu_solve_padded_jvp(mesh, axes, nb, primals, tangents):
     packed, perm, b = primals
     dpacked, _, db = tangents
     x, y = _lu_solve_map(packed, perm, b, mesh, axes, nb, keep=True)
     kw = dict(nb=nb, p=n_devices(mesh, axes), axes=axes)
     storage = P(None, axes)
-    dax = jax.shard_map(
+    dax = lambda: jax.shard_map(  # noqa: E731
         functools.partial(_lu_tangent_matvec_local, **kw),
         mesh=mesh, in_specs=(storage, P(), storage, P(), P()), out_specs=P(),
     )(packed, perm, dpacked, x, y)  # fmt: skip
@@ -169,7 +171,7 @@ def _lu_solve_padded_jvp(mesh, axes, nb, primals, tangents):
         mesh=mesh, in_specs=(storage, P(), P()), out_specs=P(),
     )  # fmt: skip
     matvec = functools.partial(matvec, packed, perm)  # v -> A v from the factors
-    return x, _lu_inverse(matvec, packed, perm, db - dax, mesh, axes, nb)
+    return x, _lu_inverse(matvec, packed, perm, tangent_rhs(b, db, dpacked, dax), mesh, axes, nb)
 
 
 def _lu_solve_t_local(a, perm, b, *, nb, p, axes):

@@ -31,6 +31,7 @@ from collections.abc import Sequence
 import jax
 import jax.numpy as jnp
 from jax import lax
+from jax.custom_derivatives import SymbolicZero
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
@@ -207,6 +208,15 @@ def op_matvec(mesh, axes, flags=None, *, identity=True):
     return jax.shard_map(f, mesh=mesh, in_specs=(P(axes, None), P()), out_specs=P())
 
 
+def tangent_rhs(b, db, da, dax):
+    """``db - dA x``, the right-hand side of a solve's JVP ``dx = A^-1 (db - dA x)``, for a
+    rule defined with ``symbolic_zeros=True``: a tangent JAX knows to be zero costs nothing
+    (``dax()``, the distributed ``dA x``, is not called for a zero ``da``; forward mode in b
+    alone then makes only the solve's collectives)."""
+    rhs = jnp.zeros_like(b) if isinstance(db, SymbolicZero) else db
+    return rhs if isinstance(da, SymbolicZero) else rhs - dax()
+
+
 def _cyclic_solve(a_cyclic, b, mesh, axes, nb, flags):
     """``op(T)^-1 b`` with T already in the column-block-cyclic storage."""
     lower, transpose, unit_diagonal = flags
@@ -227,13 +237,13 @@ def _tri_padded(a, b, mesh, axes, nb, flags):
     return _tri_map(a, b, mesh, axes, nb, flags, keep=False)
 
 
-@_tri_padded.defjvp
+@functools.partial(_tri_padded.defjvp, symbolic_zeros=True)
 def _tri_padded_jvp(mesh, axes, nb, flags, primals, tangents):
     a, b = primals
     da, db = tangents
     x, a_cyclic = _tri_map(a, b, mesh, axes, nb, flags, keep=True)
     lower, transpose, unit_diagonal = flags
-    rhs = db - op_matvec(mesh, axes, flags, identity=False)(da, x)
+    rhs = tangent_rhs(b, db, da, lambda: op_matvec(mesh, axes, flags, identity=False)(da, x))
     dx = lax.custom_linear_solve(
         functools.partial(op_matvec(mesh, axes, flags), a),
         rhs,
