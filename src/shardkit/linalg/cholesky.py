@@ -221,7 +221,10 @@ def _cho_solve_padded_jvp(mesh, axes, nb, primals, tangents):
     x, y = _cho_solve_map(l, b, mesh, axes, nb, keep=True)
     f = functools.partial(_cho_tangent_matvec_local, nb=nb, p=n_devices(mesh, axes), axes=axes)
     specs = (P(None, axes), P(None, axes), P(), P())
-    dax = lambda: jax.shard_map(f, mesh=mesh, in_specs=specs, out_specs=P())(l, dl, x, y)  # noqa: E731
+
+    def dax():
+        return jax.shard_map(f, mesh=mesh, in_specs=specs, out_specs=P())(l, dl, x, y)
+
     return x, _cho_factors_solve(l, tangent_rhs(b, db, dl, dax), mesh, axes, nb)
 
 

@@ -162,10 +162,13 @@ def _lu_solve_padded_jvp(mesh, axes, nb, primals, tangents):
     x, y = _lu_solve_map(packed, perm, b, mesh, axes, nb, keep=True)
     kw = dict(nb=nb, p=n_devices(mesh, axes), axes=axes)
     storage = P(None, axes)
-    dax = lambda: jax.shard_map(  # noqa: E731
-        functools.partial(_lu_tangent_matvec_local, **kw),
-        mesh=mesh, in_specs=(storage, P(), storage, P(), P()), out_specs=P(),
-    )(packed, perm, dpacked, x, y)  # fmt: skip
+
+    def dax():  # dA x from the storage's tangent
+        return jax.shard_map(
+            functools.partial(_lu_tangent_matvec_local, **kw),
+            mesh=mesh, in_specs=(storage, P(), storage, P(), P()), out_specs=P(),
+        )(packed, perm, dpacked, x, y)  # fmt: skip
+
     matvec = jax.shard_map(
         functools.partial(_lu_matvec_local, **kw),
         mesh=mesh, in_specs=(storage, P(), P()), out_specs=P(),

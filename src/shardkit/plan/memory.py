@@ -254,8 +254,9 @@ def activation_terms(
         return float(repl), float(c * qkv + c * tok * w.q_width + mlp + core)
     if remat in ("dots", "dots_no_batch"):
         d = dot_bytes or c
-        # block input, attention-out and MLP-down outputs; a parallel block keeps neither
-        # output (both only feed the residual sum, which no gradient needs)
+        # block input, attention-out and MLP-down outputs (JAX keeps no MLP-down output; the
+        # count stays for what XLA:CPU keeps beyond the model, see docs/plan.md); a parallel
+        # block keeps neither (both only feed the residual sum, which no gradient needs)
         repl = c * tok * h + (0 if w.parallel_block else 2 * d * tok * h)
         mlp = (2 if w.gated else 1) * d * tok * f
         if remat == "dots_no_batch":  # the attention matmuls (batch dims) are recomputed
