@@ -106,8 +106,9 @@ def _solve_padded_jvp(mesh, axes, nb, primals, tangents):
     a, b = primals
     da, db = tangents
     x, info, packed, perm = _solve_map(a, b, mesh, axes, nb, keep=True)
-    matvec = functools.partial(op_matvec(mesh, axes), a)
-    rhs = tangent_rhs(b, db, da, lambda: op_matvec(mesh, axes)(da, x))
+    mv = op_matvec(mesh, axes)  # (rows of A, v) -> A v
+    rhs = tangent_rhs(b, db, da, lambda: mv(da, x))
+    matvec = functools.partial(mv, a)
     dx = _lu_inverse(matvec, packed, perm, rhs, mesh, axes, nb)
     return (x, info), (dx, np.zeros(info.shape, jax.dtypes.float0))
 
