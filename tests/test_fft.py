@@ -131,6 +131,30 @@ def test_pfft3d_natural_layout_is_numpy_order_with_sharding_moved():
     np.testing.assert_allclose(np.asarray(yt), np.moveaxis(np.asarray(y), 0, -1), rtol=1e-6)
 
 
+@pytest.mark.parametrize("mesh_name, x_size, ffts", [("8", 256, 1), ("8", 512, 2), ("2x4", 64, 3)])
+def test_slab_natural_layout_does_the_fft_over_x_by_matmuls_up_to_32_point_chunks(
+    mesh_name, x_size, ffts
+):
+    # A slab's all-to-all leaves X in chunks of x_size / 8 points: up to 32 the FFT over X is
+    # two matmuls where the chunks lie (the program's only FFT op is the one over Y and Z),
+    # above it an FFT over a transposed copy; a pencil always takes the FFT route. Both
+    # directions and layouts must equal numpy either way.
+    mesh, spec, _ = _mesh(mesh_name, AxisType.Explicit)
+    host = _data((x_size, 8, 8), np.complex64)
+    x = _put(host, mesh, spec)
+    want = np.fft.fftn(host.astype(np.complex128), norm="ortho")
+    for layout in ("natural", "transposed"):
+        y = skfft.pfft3d(x, norm="ortho", layout=layout)
+        assert _relerr(y, want if layout == "natural" else np.moveaxis(want, 0, -1)) < 1e-5
+        x2 = skfft.pifft3d(y, norm="ortho", layout=layout)
+        assert _same_layout(x2, x) and _relerr(x2, host) < 1e-5
+    y = skfft.pfft3d(x)
+    for fn, arg in ((skfft.pfft3d, x), (skfft.pifft3d, y)):
+        text = jax.jit(fn).lower(arg).compile().as_text()
+        ops = [ln for ln in text.splitlines() if re.search(r"= c64\[[\d,]+\]\S* fft\(", ln)]
+        assert len(ops) == ffts, ops
+
+
 def test_jnp_fftn_gathers_where_pfft3d_does_not():
     mesh, spec, _ = _mesh("2x4", AxisType.Auto)
     x = _put(_data((16, 16, 16), np.complex64), mesh, spec)

@@ -18,10 +18,12 @@ layout exactly.
 
 Locally every 1-D FFT runs over the trailing dim (XLA's FFT transforms minor dims; `jnp.fft`
 along a middle dim adds a transpose on each side): after each all-to-all the block is rotated so
-the dim just gathered comes last. Two rotations end in the transposed layout; the natural layout
-costs one more local transpose. Each all-to-all sends its chunks along a leading chunk dim
-(`exchange`), so XLA makes one copy before it (chunking) and one after it (reassembly and
-rotation together) instead of a slice copy, a concatenate and a transpose.
+the dim just gathered comes last. Two rotations end in the transposed layout. The natural layout
+would cost one more local transpose (X back to the front); instead, when the last all-to-all
+leaves X in chunks of at most `_dft.MAX_M` points, the FFT over X runs where the chunks lie as
+two matmuls (`_dft`), and the inverse starts the same way. Each all-to-all sends its chunks
+along a leading chunk dim (`exchange`), so XLA makes one copy before it (chunking) and one after
+it (reassembly and rotation together) instead of a slice copy, a concatenate and a transpose.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from jax.sharding import PartitionSpec as P
 from jaxtyping import Array, Complex, Num
 
 from shardkit.errors import ShardkitValueError
+from shardkit.fft import _dft as D
 from shardkit.fft import _layout as L
 from shardkit.fft import _vmap as V
 
@@ -85,34 +88,41 @@ def exchange(blk, axis, n: int, order: list[int], split: int, concat: int, new: 
     reassembly with the transpose into one copy after it (a tiled all-to-all on a minor dim
     costs a slice copy, a concatenate and the transpose: one full pass over the shard more).
     """
+    return reassemble(send(blk, axis, n, order, split, order, nb), order, concat, new, nb)
+
+
+def send(blk, axis, n: int, order: list[int], split: int, out: list[int], nb: int):
+    """Splits FFT dim `split` into `n` chunks and swaps them over mesh axis `axis`.
+
+    Returns `t[j, ..]`, the chunk that came from shard j, its FFT dims stored in order `out`.
+    The chunking and the reordering are one copy before the collective.
+    """
     ps = nb + order.index(split)
     shape = blk.shape
     t = blk.reshape(shape[:ps] + (n, shape[ps] // n) + shape[ps + 1 :])
-    t = jax.lax.all_to_all(jnp.moveaxis(t, ps, 0), axis, 0, 0, tiled=True)
-    # t[j] came from shard j: the j-th block of `concat`; the other dims keep their positions,
-    # shifted by the leading source dim.
+    where = {d: nb + p + (p >= order.index(split)) for p, d in enumerate(order)}
+    t = jnp.transpose(t, [ps] + list(range(nb)) + [where[d] for d in out])
+    return jax.lax.all_to_all(t, axis, 0, 0, tiled=True)
+
+
+def reassemble(t, order: list[int], concat: int, new: list[int], nb: int):
+    """The received chunks `t[j, ..]` (FFT dims stored in `order`) joined along FFT dim
+    `concat` (chunk j is its j-th block) and stored in order `new`: one copy."""
     perm = list(range(1, nb + 1))
-    sizes = list(shape[:nb])
+    sizes = list(t.shape[1 : nb + 1])
     for d in new:
         q = nb + 1 + order.index(d)
         perm += [0, q] if d == concat else [q]
-        sizes.append(t.shape[q] * (n if d == concat else 1))
+        sizes.append(t.shape[q] * (t.shape[0] if d == concat else 1))
     return jnp.transpose(t, perm).reshape(sizes)
 
 
-def _run_local(blk, entries, k, mesh_shape, norm, *, inverse: bool, start, end):
-    """Runs the FFT steps on a local block whose FFT dims are stored in order `start`.
+def _groups(k: int, steps: dict, inverse: bool) -> list[tuple[list[int], Any]]:
+    """The local FFTs in order: (FFT dims transformed together, the step that follows or None).
 
-    Every 1-D FFT runs over trailing local dims (the fast path of XLA's FFT); each all-to-all
-    leaves the block with the next FFT's dims trailing, and the block is transposed to `end` at
-    the end.
+    Forward: FFT dim k-1, then for i = k-2 .. 0 move dim i's mesh axis to dim i+1 and FFT i.
+    Inverse: the same steps backwards. Dims whose mesh axis is trivial join the next FFT.
     """
-    nb = blk.ndim - k
-    order = list(start)
-    fft = jnp.fft.ifftn if inverse else jnp.fft.fftn
-    steps = dict(_steps(entries, k, mesh_shape))
-    # Forward: FFT dim k-1, then for i = k-2 .. 0 move dim i's mesh axis to dim i+1 and FFT i.
-    # Inverse: the same steps backwards. Dims whose mesh axis is trivial join the next FFT.
     seq = list(range(k - 2, -1, -1)) if not inverse else list(range(k - 1))
     groups, pending = [], [k - 1] if not inverse else [0]
     for i in seq:
@@ -121,14 +131,44 @@ def _run_local(blk, entries, k, mesh_shape, norm, *, inverse: bool, start, end):
             pending = []
         pending.append(i if not inverse else i + 1)
     groups.append((pending, None))
+    return groups
+
+
+def _run_local(blk, entries, k, mesh_shape, norm, *, inverse: bool, start, end):
+    """Runs the FFT steps on a local block whose FFT dims are stored in order `start`.
+
+    Every 1-D FFT runs over trailing local dims (the fast path of XLA's FFT); each all-to-all
+    leaves the block with the next FFT's dims trailing, and the block is transposed to `end` at
+    the end. In the natural layout the FFT over the leading dim X, next to the all-to-all that
+    gathers or splits X, runs in place as matmuls (`_dft`) when its chunks are small enough.
+    """
+    nb = blk.ndim - k
+    order, natural = list(start), list(range(k))
+    fft = jnp.fft.ifftn if inverse else jnp.fft.fftn
+    steps = dict(_steps(entries, k, mesh_shape))
+    groups = _groups(k, steps, inverse)
+    first = groups[0]
+    slab = len(steps) == 1  # one all-to-all: it gathers X from, or splits X into, whole slabs
+    if inverse and slab and order == natural and first[0] == [0] and first[1] is not None:
+        n = L.entry_size(steps[0], mesh_shape)
+        if blk.shape[nb] // n <= D.MAX_M:  # iFFT over X straight into the chunks to send
+            t = D.inverse_to_chunks(blk, n, nb, norm)
+            t = jax.lax.all_to_all(t, steps[0], 0, 0, tiled=True)
+            new = trailing_order(order, groups[1][0])
+            blk, order, groups = reassemble(t, order, 1, new, nb), new, groups[1:]
     for g, (dims, i) in enumerate(groups):
         blk, order = to_trailing(blk, order, dims, nb)  # a no-op after an exchange
         blk = fft(blk, axes=list(range(blk.ndim - len(dims), blk.ndim)), norm=norm)
         if i is None:
             break
         split, concat = (i + 1, i) if not inverse else (i, i + 1)
-        new = trailing_order(order, groups[g + 1][0])
         n = L.entry_size(steps[i], mesh_shape)
+        m = blk.shape[nb + order.index(concat)]
+        if not inverse and slab and list(end) == natural and groups[-1][0] == [0] and m <= D.MAX_M:
+            # X arrives in chunks already in natural order: the FFT over X by matmuls
+            t = send(blk, steps[i], n, order, split, natural, nb)
+            return D.forward_gathered(t, nb, norm)
+        new = trailing_order(order, groups[g + 1][0])
         blk, order = exchange(blk, steps[i], n, order, split, concat, new, nb), new
     if order != list(end):
         perm = list(range(nb)) + [nb + order.index(d) for d in end]
