@@ -327,8 +327,9 @@ def test_spectral_poisson_solve_recovers_potential():
     np.testing.assert_allclose(np.asarray(out), phi, atol=1e-5)
 
 
-def test_gradient_matches_jnp_and_keeps_sharding(axis_type):
-    mesh, spec, _ = _mesh("2x4", axis_type)
+@pytest.mark.parametrize("mesh_name", ["2x4", "8"])  # a pencil; a slab (FFT over X by matmuls)
+def test_gradient_matches_jnp_and_keeps_sharding(mesh_name, axis_type):
+    mesh, spec, _ = _mesh(mesh_name, axis_type)
     host = _data((16, 8, 8), np.float32)
     w = _data((16, 8, 8), np.float32, seed=1)
     x = _put(host, mesh, spec)
