@@ -102,6 +102,11 @@ def send(blk, axis, n: int, order: list[int], split: int, out: list[int], nb: in
     t = blk.reshape(shape[:ps] + (n, shape[ps] // n) + shape[ps + 1 :])
     where = {d: nb + p + (p >= order.index(split)) for p, d in enumerate(order)}
     t = jnp.transpose(t, [ps] + list(range(nb)) + [where[d] for d in out])
+    return swap(t, axis)
+
+
+def swap(t, axis):
+    """Sends chunk `t[j]` to shard j of mesh axis `axis`; returns the chunks received."""
     return jax.lax.all_to_all(t, axis, 0, 0, tiled=True)
 
 
@@ -115,6 +120,12 @@ def reassemble(t, order: list[int], concat: int, new: list[int], nb: int):
         perm += [0, q] if d == concat else [q]
         sizes.append(t.shape[q] * (t.shape[0] if d == concat else 1))
     return jnp.transpose(t, perm).reshape(sizes)
+
+
+def _x_by_matmuls(slab: bool, order, x_group: list[int], m: int) -> bool:
+    """Whether the FFT over X runs where a slab's all-to-all leaves it, as matmuls (`_dft`):
+    the spectrum is in natural `order`, X is transformed alone, in chunks of <= MAX_M points."""
+    return slab and list(order) == list(range(len(order))) and x_group == [0] and m <= D.MAX_M
 
 
 def _groups(k: int, steps: dict, inverse: bool) -> list[tuple[list[int], Any]]:
@@ -149,13 +160,12 @@ def _run_local(blk, entries, k, mesh_shape, norm, *, inverse: bool, start, end):
     groups = _groups(k, steps, inverse)
     first = groups[0]
     slab = len(steps) == 1  # one all-to-all: it gathers X from, or splits X into, whole slabs
-    if inverse and slab and order == natural and first[0] == [0] and first[1] is not None:
-        n = L.entry_size(steps[0], mesh_shape)
-        if blk.shape[nb] // n <= D.MAX_M:  # iFFT over X straight into the chunks to send
-            t = D.inverse_to_chunks(blk, n, nb, norm)
-            t = jax.lax.all_to_all(t, steps[0], 0, 0, tiled=True)
-            new = trailing_order(order, groups[1][0])
-            blk, order, groups = reassemble(t, order, 1, new, nb), new, groups[1:]
+    n = L.entry_size(steps.get(0), mesh_shape)  # X's shards (1 when X is whole)
+    if inverse and _x_by_matmuls(slab, order, first[0], blk.shape[nb] // n):
+        t = D.inverse_to_chunks(blk, n, nb, norm)  # iFFT over X straight into the chunks to send
+        t = swap(t, steps[0])
+        new = trailing_order(order, groups[1][0])
+        blk, order, groups = reassemble(t, order, 1, new, nb), new, groups[1:]
     for g, (dims, i) in enumerate(groups):
         blk, order = to_trailing(blk, order, dims, nb)  # a no-op after an exchange
         blk = fft(blk, axes=list(range(blk.ndim - len(dims), blk.ndim)), norm=norm)
@@ -164,7 +174,7 @@ def _run_local(blk, entries, k, mesh_shape, norm, *, inverse: bool, start, end):
         split, concat = (i + 1, i) if not inverse else (i, i + 1)
         n = L.entry_size(steps[i], mesh_shape)
         m = blk.shape[nb + order.index(concat)]
-        if not inverse and slab and list(end) == natural and groups[-1][0] == [0] and m <= D.MAX_M:
+        if not inverse and _x_by_matmuls(slab, end, groups[-1][0], m):
             # X arrives in chunks already in natural order: the FFT over X by matmuls
             t = send(blk, steps[i], n, order, split, natural, nb)
             return D.forward_gathered(t, nb, norm)
