@@ -5,8 +5,9 @@
 #              else python3) with the newest releases pyproject.toml allows: `make demo` runs here.
 # .venv-oldest Python 3.11 with the oldest supported releases (tools/oldest-pins.txt).
 # `make test` runs ruff, then the whole suite in .venv and, in .venv-oldest, the suite without
-# the whole-program runs marked `slow` (tests/conftest.py says which and why; OLDEST_MARKS=
-# runs them there too).
+# the whole-program runs marked `slow` and without the further parameter sets of parametrized
+# tests, marked `sweep` (tests/conftest.py says which and why; OLDEST_MARKS= runs them there
+# too).
 PYTHON        ?= $(shell tools/find-python 3.13 3.12 || command -v python3)
 OLDEST_PYTHON ?= $(shell tools/find-python 3.11)
 VENV          := .venv
@@ -14,7 +15,7 @@ OLD_VENV      := .venv-oldest
 BIN           := $(VENV)/bin
 OLD_BIN       := $(OLD_VENV)/bin
 PYTEST_ARGS   ?= -q -n auto --dist loadfile tests
-OLDEST_MARKS  ?= not slow
+OLDEST_MARKS  ?= not slow and not sweep
 
 .PHONY: demo test test-newest test-oldest lint format bench clean install versions browser
 

@@ -46,10 +46,33 @@ WHOLE_PROGRAM_FILES = {
 }  # fmt: skip
 
 
+# A parametrized test's further parameter sets (sizes, dtypes, layouts, meshes): marked `sweep`.
+# The first set of each test function, once per mesh axis type, is not: the oldest-pins half of
+# `make test` runs that one (-m "not slow and not sweep") and so checks every behaviour, on Auto
+# and Explicit axes, against the oldest releases, while the newest pins run every set (the
+# numerics a sweep varies are the same code on both; running both in full took `make test`
+# about twice its time). `make test-oldest OLDEST_MARKS=` runs everything there.
+
+
+def _axis_types_of(item) -> tuple:
+    """The mesh axis types among a parametrized item's parameters (a fixture or a value)."""
+    params = item.callspec.params
+    return tuple(
+        str(v) for name, v in sorted(params.items())
+        if name == "axis_type" or isinstance(v, AxisType)
+    )  # fmt: skip
+
+
 def pytest_collection_modifyitems(config, items):
+    first = set()
     for item in items:
         if item.path.name in WHOLE_PROGRAM_FILES:
             item.add_marker(pytest.mark.slow)
+        if hasattr(item, "callspec"):
+            key = (item.path, item.originalname, _axis_types_of(item))
+            if key in first:
+                item.add_marker(pytest.mark.sweep)
+            first.add(key)
 
 
 def pytest_report_header(config):
