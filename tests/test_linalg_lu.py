@@ -288,6 +288,58 @@ def test_bad_inputs_raise_clear_errors():
         sl.solve(a, b, mesh=mesh, axis_names="z")
 
 
+@pytest.mark.parametrize(
+    "shape,dtype,kind",
+    [
+        ((40, 24), np.float64, "1d"),
+        ((24, 40), np.float32, "1d"),
+        ((37, 5), np.complex128, "1d"),
+        ((6, 50), np.complex64, "1d"),
+        ((40, 24), np.float64, "2d-grid"),
+        ((9, 30), np.float32, "2d-grid"),
+    ],
+)
+def test_non_square_lu_equals_scipy(shape, dtype, kind, axis_type):
+    """An M x N matrix (tall or wide): scipy.linalg.lu's P, L (M, K), U (K, N), K = min(M, N)."""
+    scipy_linalg = pytest.importorskip("scipy.linalg")
+    mesh = make_mesh("2d" if kind == "2d-grid" else kind, axis_type)
+    grid = ("x", "y") if kind == "2d-grid" else None
+    rng = np.random.default_rng(sum(shape))
+    a = rng.standard_normal(shape)
+    if np.issubdtype(dtype, np.complexfloating):
+        a = a + 1j * rng.standard_normal(shape)
+    a = a.astype(dtype)
+    with jax.enable_x64(dtype in (np.float64, np.complex128)):
+        arr = jnp.asarray(a)
+        if shape[0] % 8 == 0:  # row-sharded when it divides, like a user's matrix
+            arr = jax.device_put(a, NamedSharding(mesh, P(mesh.axis_names, None)))
+        f = sl.lu(arr, mesh=mesh, grid=grid, block_size=4 if grid else None)
+        perm, lower, upper = (np.asarray(v) for v in f.unpack())
+        p_ref, l_ref, u_ref = scipy_linalg.lu(a)
+        k = min(shape)
+        assert lower.shape == (shape[0], k) and upper.shape == (k, shape[1])
+        tol = 1e-4 if dtype in (np.float32, np.complex64) else 1e-10
+        np.testing.assert_allclose(a[perm], lower @ upper, atol=tol * np.abs(a).max())
+        np.testing.assert_array_equal(perm, np.argmax(p_ref, axis=0))  # the same pivots
+        np.testing.assert_allclose(lower, l_ref, atol=tol)
+        np.testing.assert_allclose(upper, u_ref, atol=tol * np.abs(a).max())
+        assert int(f.info) == 0
+        with pytest.raises(
+            ValueError, match=rf"factors: lu_solve needs .* a \({shape[0]}, {shape[1]}\) matrix"
+        ):
+            sl.lu_solve(f, jnp.ones(shape[0], dtype))
+
+
+def test_non_square_lu_reports_its_own_zero_pivots_only():
+    mesh = make_mesh("1d", AxisType.Explicit)
+    tall = np.ones((16, 4), np.float32)  # rank 1: U[1, 1] is exactly zero
+    assert int(sl.lu(jnp.asarray(tall), mesh=mesh).info) == 2
+    wide = np.random.default_rng(0).standard_normal((4, 16)).astype(np.float32)
+    assert int(sl.lu(jnp.asarray(wide), mesh=mesh).info) == 0  # not the padding's zero rows
+    with pytest.raises(ValueError, match=r"a: expected a matrix \(M, N\), got shape \(2, 3, 4\)"):
+        sl.lu(jnp.ones((2, 3, 4)), mesh=mesh)
+
+
 @pytest.mark.parametrize("n", [1, 3, 5, 16, 31])
 def test_small_matrices_work_with_the_default_block_size(n):
     # the default panel width (32) is capped at N: any N works without choosing one

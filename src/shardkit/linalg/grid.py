@@ -226,7 +226,7 @@ def _shard_map(f, mesh, in_specs, out_specs):
 
 def _enter(a, mesh, r, c, nb):
     pr, pc = mesh.shape[r], mesh.shape[c]
-    n = a.shape[0]
+    n = max(a.shape)  # a non-square matrix is factored as the square one it pads to
     step = grid_multiple(nb, pr, pc)
     n_pad = -(-n // step) * step
     return constrain(layout.pad_identity(a, n_pad), mesh, P((r, c), None)), n_pad, pr, pc

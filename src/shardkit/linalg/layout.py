@@ -275,15 +275,16 @@ def from_column_cyclic(
 
 
 def pad_identity(a: jax.Array, n_pad: int) -> jax.Array:
-    """Pads (N, N) to (n_pad, n_pad) with an identity block, elementwise (a scatter into a
-    sharded matrix is refused on Explicit axes)."""
-    n = a.shape[0]
-    if n_pad == n:
+    """Pads (M, N) to (n_pad, n_pad) with an identity block from S = max(M, N) on, elementwise
+    (a scatter into a sharded matrix is refused on Explicit axes). A non-square matrix first
+    gets zero rows or columns up to S x S."""
+    m, n = a.shape
+    if (m, n) == (n_pad, n_pad):
         return a
-    a = jnp.pad(a, ((0, n_pad - n), (0, n_pad - n)))
+    a = jnp.pad(a, ((0, n_pad - m), (0, n_pad - n)))
     i = lax.broadcasted_iota(jnp.int32, (n_pad, n_pad), 0)
     j = lax.broadcasted_iota(jnp.int32, (n_pad, n_pad), 1)
-    return jnp.where((i == j) & (i >= n), jnp.ones((), a.dtype), a)
+    return jnp.where((i == j) & (i >= max(m, n)), jnp.ones((), a.dtype), a)
 
 
 def zeros_varying(shape, dtype, axes) -> jax.Array:
@@ -307,9 +308,14 @@ def global_index(local_len, nb, p, me):
     return ((i // nb) * p + me) * nb + i % nb
 
 
-def check_matrix(a, arg: str) -> None:
+def check_matrix(a, arg: str, *, square: bool = True) -> None:
     shape = tuple(getattr(a, "shape", ()))
-    if len(shape) != 2 or shape[0] != shape[1]:
+    if not square and len(shape) != 2:
+        raise ShardkitValueError(
+            f"{arg}: expected a matrix (M, N), got shape {shape}. Pass a 2-D array; for a "
+            "stack of matrices (B, M, N) use batched_lu."
+        )
+    if len(shape) != 2 or (square and shape[0] != shape[1]):
         raise ShardkitValueError(
             f"{arg}: expected a square matrix (N, N), got shape {shape}. "
             "Pass a 2-D square array; for a stack of systems (B, N, N) use batched_solve."

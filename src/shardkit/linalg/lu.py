@@ -93,11 +93,12 @@ def raise_if_singular(x, info, n: int, *, what: str, entry: str, fix: str, arg: 
 @functools.partial(
     jax.tree_util.register_dataclass,
     data_fields=["lu", "perm", "pivots", "info"],
-    meta_fields=["n", "block_size", "mesh", "axis_names", "grid"],
+    meta_fields=["n", "block_size", "mesh", "axis_names", "grid", "m"],
 )
 @dataclasses.dataclass(frozen=True)
 class LUFactors:
-    """LU factors ``A[perm] = L @ U`` of an N x N matrix in the column-block-cyclic layout.
+    """LU factors ``A[perm] = L @ U`` of an N x N (or M x N) matrix in the column-block-cyclic
+    layout.
 
     Attributes:
         lu: (Np, Np) storage: L (unit lower, diagonal not stored) and U packed LAPACK-style,
@@ -108,12 +109,14 @@ class LUFactors:
         pivots: (Np,) int32 LAPACK row interchanges (row ``i`` swapped with ``pivots[i]``).
         info: int32 scalar, LAPACK ``getrf`` convention: 0 on success, ``i > 0`` when ``U[i-1,
             i-1]`` is exactly zero (the matrix is singular; solves would divide by zero).
-        n: the unpadded size N.
+        n: the unpadded size N (the number of columns).
         block_size: nb.
         mesh: the device mesh.
         axis_names: the mesh axes the columns are distributed over.
         grid: ``(row_axis, col_axis)`` for factors on a 2-D process grid (then ``lu`` is in the
             2-D block-cyclic layout, sharded ``P(row_axis, col_axis)``), else None.
+        m: the number of rows M when the matrix is not square (it was factored as the
+            max(M, N) square matrix it pads to with zeros), else None.
     """
 
     lu: jax.Array
@@ -125,9 +128,12 @@ class LUFactors:
     mesh: Mesh
     axis_names: tuple[str, ...]
     grid: tuple[str, str] | None = None
+    m: int | None = None
 
     def unpack(self) -> tuple[jax.Array, jax.Array, jax.Array]:
-        """Returns ``(perm, L, U)`` as (N,), (N, N), (N, N) arrays in natural order.
+        """Returns ``(perm, L, U)`` as (N,), (N, N), (N, N) arrays in natural order; for an
+        M x N matrix (M,), (M, K), (K, N) with K = min(M, N), as ``scipy.linalg.lu`` shapes
+        them.
 
         Gathers the factors: meant for tests and small matrices.
         """
@@ -142,9 +148,11 @@ class LUFactors:
             rows, cols = grid_orders(n_pad, self.block_size, pr, pc)
         natural = np.empty(self.lu.shape, self.lu.dtype)
         natural[np.ix_(rows, cols)] = np.asarray(self.lu)  # gathered on the host
-        packed = jnp.asarray(natural[: self.n, : self.n])
-        lower = jnp.tril(packed, -1) + jnp.eye(self.n, dtype=packed.dtype)
-        return jnp.asarray(np.asarray(self.perm)[: self.n]), lower, jnp.triu(packed)
+        m = self.n if self.m is None else self.m
+        k = min(m, self.n)
+        packed = jnp.asarray(natural[:m, : self.n])
+        lower = jnp.tril(packed[:, :k], -1) + jnp.eye(m, k, dtype=packed.dtype)
+        return jnp.asarray(np.asarray(self.perm)[:m]), lower, jnp.triu(packed[:k])
 
 
 def _factor_panel(panel, *, nb):
@@ -271,7 +279,7 @@ def lu_local(a, *, nb, p, axes, rhs=None):
 @functools.partial(jax.jit, static_argnames=("mesh", "axes", "nb"))
 def _lu_jit(a, mesh, axes, nb):
     p = n_devices(mesh, axes)
-    n_pad = layout.padded_size(a.shape[0], nb, p)
+    n_pad = layout.padded_size(max(a.shape), nb, p)  # M x N: factored as max(M, N) square
     a = constrain(layout.pad_identity(a, n_pad), mesh, P(axes, None))
 
     def local(a):
@@ -292,7 +300,7 @@ def lu(
     axis_names: str | Sequence[str] | None = None,
     grid: tuple[str, str] | None = None,
 ) -> LUFactors:
-    """LU factorization with partial pivoting of a distributed square matrix.
+    """LU factorization with partial pivoting of a distributed matrix, square or not.
 
     Right-looking blocked LU on a 1-D column-block-cyclic layout over ``axis_names`` (all mesh
     axes by default, so it runs on 1-D and 2-D meshes alike). The matrix is never gathered: the
@@ -302,7 +310,10 @@ def lu(
         a: (N, N) float32, float64, complex64 or complex128 matrix, any sharding (row-sharded
             ``P(axes, None)`` enters the layout with one all-to-all). N need not be a multiple
             of anything: the matrix is padded with an identity block to a multiple of
-            ``block_size * P``.
+            ``block_size * P``. An (M, N) matrix is factored as the max(M, N) square matrix
+            it makes with zero columns (M > N) or zero rows (M < N), whose first min(M, N)
+            steps pivot exactly as LAPACK's ``getrf`` on ``a``; it costs that square's
+            factorization.
         block_size: panel width nb (default None: chosen from N and the device count, 32 to
             256, see :func:`~shardkit.linalg.layout.block_size_for`). Larger nb means fewer,
             larger collectives and local GEMMs, but a longer panel factorization per step.
@@ -315,10 +326,12 @@ def lu(
 
     Returns:
         :class:`LUFactors` with ``a[perm] == L @ U``. ``info > 0`` flags an exactly zero pivot
-        (LAPACK ``getrf`` convention); :func:`solve` and :func:`lu_solve` raise on it.
+        (LAPACK ``getrf`` convention); :func:`solve` and :func:`lu_solve` raise on it. Factors
+        of a non-square matrix unpack to L (M, K) and U (K, N), K = min(M, N), and solve
+        nothing.
 
     Raises:
-        ValueError: ``a`` is not square, ``block_size`` is not in ``1..N``, or no mesh.
+        ValueError: ``a`` is not 2-D, ``block_size`` is not in ``1..max(M, N)``, or no mesh.
         TypeError: ``a`` is not a floating or complex array.
 
     Example:
@@ -329,12 +342,18 @@ def lu(
 
     See also: :func:`lu_solve`, :func:`solve`, :func:`shardkit.linalg.det`.
     """
-    check_matrix(a, "a")
+    check_matrix(a, "a", square=False)
     mesh, axes = layout.resolve_mesh(a, mesh, axis_names, arg="a")
-    block_size = block_size_for(block_size, a.shape[0], n_devices(mesh, axes))
+    (m, n), s = a.shape, max(a.shape)
+    block_size = block_size_for(block_size, s, n_devices(mesh, axes))
     if grid is not None:
         grid = check_grid(mesh, grid)
         packed, perm, pivots, info = lu_grid_jit(a, mesh, grid, block_size)
-        return LUFactors(packed, perm, pivots, info, a.shape[0], block_size, mesh, grid, grid)
-    packed, perm, pivots, info = _lu_jit(a, mesh, axes, block_size)
-    return LUFactors(packed, perm, pivots, info, a.shape[0], block_size, mesh, axes)
+        axes = grid
+    else:
+        packed, perm, pivots, info = _lu_jit(a, mesh, axes, block_size)
+    if m != n:  # the zero rows or columns padding to S x S make zero pivots past min(M, N)
+        info = jnp.where(info > min(m, n), 0, info)
+    return LUFactors(
+        packed, perm, pivots, info, n, block_size, mesh, axes, grid, None if m == n else m
+    )

@@ -301,6 +301,13 @@ def lu_solve(
 
     See also: :func:`solve`, :func:`~shardkit.linalg.lu`.
     """
+    if factors.m is not None:
+        raise ShardkitValueError(
+            f"factors: lu_solve needs the LU factors of a square matrix; these are of a "
+            f"({factors.m}, {factors.n}) matrix, which has no unique solution. Fix: solve a "
+            "square system, e.g. the normal equations (A^H A) x = A^H b, or use a least-squares "
+            "solver."
+        )
     b2, shape = as_columns(b, factors.n, "b")
     if transpose and factors.grid is not None:
         raise ShardkitValueError(
