@@ -64,15 +64,15 @@ def _axis_types_of(item) -> tuple:
 
 
 def pytest_collection_modifyitems(config, items):
-    first = set()
+    seen = set()
     for item in items:
         if item.path.name in WHOLE_PROGRAM_FILES:
             item.add_marker(pytest.mark.slow)
         if hasattr(item, "callspec"):
             key = (item.path, item.originalname, _axis_types_of(item))
-            if key in first:
+            if key in seen:
                 item.add_marker(pytest.mark.sweep)
-            first.add(key)
+            seen.add(key)
 
 
 def pytest_report_header(config):
