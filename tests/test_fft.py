@@ -355,13 +355,12 @@ def test_gradient_matches_jnp_and_keeps_sharding(mesh_name, axis_type):
     assert _same_layout(gr, x)
 
 
-def test_auto_mesh_inside_jit_needs_spec():
+def test_auto_mesh_inside_jit_takes_spec():
     mesh, spec, _ = _mesh("2x4", AxisType.Auto)
     x = _put(_data((16, 16, 16), np.complex64), mesh, spec)
-    with pytest.raises(ValueError, match=r"traced value on Auto mesh axes.*spec=P"):
-        jax.jit(skfft.pfft3d)(x)
-    y = jax.jit(lambda a: skfft.pfft3d(a, spec=spec))(x)
+    y = jax.jit(lambda a: skfft.pfft3d(a, spec=spec))(x)  # without spec=: test_fft_partitioned
     assert _relerr(y, np.fft.fftn(np.asarray(x).astype(np.complex128))) < 1e-5
+    assert y.sharding.spec == P(None, "x", "y")
 
 
 # ---- errors: each names the argument, the sizes and a fix ----

@@ -29,6 +29,7 @@ it (reassembly and rotation together) instead of a slice copy, a concatenate and
 from __future__ import annotations
 
 import functools
+import math
 from typing import Any
 
 import jax
@@ -39,6 +40,7 @@ from jaxtyping import Array, Complex, Num
 from shardkit.errors import ShardkitValueError
 from shardkit.fft import _dft as D
 from shardkit.fft import _layout as L
+from shardkit.fft import _partitioned as PT
 from shardkit.fft import _vmap as V
 
 
@@ -199,32 +201,30 @@ def roll(seq: tuple, k: int, shift: int) -> tuple:
     return seq[:nb] + tail[shift:] + tail[:shift]
 
 
+def _local(entries: tuple, k: int, mesh_shape: dict, *, inverse: bool, layout: str, norm):
+    """The per-shard program of a transform of an input sharded `entries`: (body, in_spec,
+    out_spec), where the specs are those of the body's argument and result."""
+    in_spec = P(*entries)
+    out_spec = P(*natural_entries(entries, k)) if layout == "natural" else in_spec
+    natural = list(range(k))
+    rolled = natural[1:] + natural[:1]  # [..., Y_a, Z_b, X]: the transposed layout
+    spectrum = natural if layout == "natural" else rolled
+    start, end = (spectrum, natural) if inverse else (natural, spectrum)
+
+    def body(blk):
+        return _run_local(blk, entries, k, mesh_shape, norm, inverse=inverse, start=start, end=end)
+
+    return (body, out_spec, in_spec) if inverse else (body, in_spec, out_spec)
+
+
 @functools.partial(
     jax.jit, static_argnames=("mesh", "entries", "k", "inverse", "layout", "norm", "dtype")
 )
 def _c2c(x, *, mesh, entries, k, inverse, layout, norm, dtype):
-    mesh_shape = dict(mesh.shape)
-    in_spec = P(*entries)
-    out_spec = P(*natural_entries(entries, k)) if layout == "natural" else in_spec
-    x = x.astype(dtype)
-
-    natural = list(range(k))
-    rolled = natural[1:] + natural[:1]  # [..., Y_a, Z_b, X]: the transposed layout
-    spectrum = natural if layout == "natural" else rolled
-
-    def forward(blk):
-        return _run_local(
-            blk, entries, k, mesh_shape, norm, inverse=False, start=natural, end=spectrum
-        )
-
-    def inverse_(blk):
-        return _run_local(
-            blk, entries, k, mesh_shape, norm, inverse=True, start=spectrum, end=natural
-        )
-
-    if inverse:
-        return jax.shard_map(inverse_, mesh=mesh, in_specs=out_spec, out_specs=in_spec)(x)
-    return jax.shard_map(forward, mesh=mesh, in_specs=in_spec, out_specs=out_spec)(x)
+    body, in_spec, out_spec = _local(
+        entries, k, dict(mesh.shape), inverse=inverse, layout=layout, norm=norm
+    )
+    return jax.shard_map(body, mesh=mesh, in_specs=in_spec, out_specs=out_spec)(x.astype(dtype))
 
 
 def _check_splits(shape: tuple, entries: tuple, k: int, mesh, fname: str) -> None:
@@ -254,12 +254,80 @@ def forward(x, *, k, norm, layout, spec, mesh, fname):
         shape = tuple(x.shape) if layout == "natural" else roll(tuple(x.shape), k, 1)
         run = functools.partial(forward, k=k, norm=norm, layout=layout, fname=fname)
         return V.call_batched(run, x, spec, mesh, jax.ShapeDtypeStruct(shape, dtype))
+    if PT.applies(x, spec):  # inside jit on Auto axes: XLA's partitioner lays x out
+        return _by_partitioner(x.astype(dtype), k, norm, layout, inverse=False, fname=fname)
     mesh, entries = L.resolve(x, spec, mesh, fname)
-    L.check_fft_entries(entries, mesh, k, fname)
-    _check_splits(tuple(x.shape), entries, k, mesh, fname)
+    entries = _validated(
+        tuple(x.shape), entries, k, mesh, inverse=False, layout=layout, fname=fname
+    )
     return _c2c(
         x, mesh=mesh, entries=entries, k=k, inverse=False, layout=layout, norm=norm, dtype=dtype
     )
+
+
+def _validated(shape: tuple, entries: tuple, k: int, mesh, *, inverse, layout, fname) -> tuple:
+    """The PartitionSpec entries of the forward input, checked, from those of the argument (the
+    input, or for an inverse transform the spectrum in `layout`) of global `shape`."""
+    if inverse:
+        entries = original_entries(entries, k, layout, fname)
+        if layout == "transposed":
+            shape = roll(shape, k, -1)
+    L.check_fft_entries(entries, mesh, k, fname)
+    _check_splits(shape, entries, k, mesh, fname)
+    return entries
+
+
+# The norm whose transform in the other direction scales as `norm` does in this one.
+_ADJOINT_NORM = {None: "forward", "backward": "forward", "ortho": "ortho", "forward": "backward"}
+
+
+def _by_partitioner(x, k: int, norm, layout: str, *, inverse: bool, fname: str):
+    """The transform of a traced `x` on Auto mesh axes whose sharding XLA's partitioner
+    chooses at compile time (`_partitioned`), differentiable in reverse mode."""
+    return _partitioned(tuple(x.shape), k, norm, layout, inverse, fname)(x)
+
+
+@functools.lru_cache(maxsize=64)  # one op per signature: eager calls then hit jit's cache
+def _partitioned(shape: tuple, k: int, norm, layout: str, inverse: bool, fname: str):
+    """The custom-partitioned transform of a complex input of `shape`, with a custom VJP.
+
+    A DFT's matrix is symmetric, so its VJP is the same DFT: `conj(inverse(conj(ct)))` with the
+    inverse transform scaled as this one, which maps the cotangent back to the argument's layout.
+    """
+    nb = len(shape) - k
+    out_shape = shape if layout == "natural" else roll(shape, k, -1 if inverse else 1)
+    shift = int(layout == "natural")  # FFT dim i's mesh axis moves to dim i + shift
+    moves = {nb + i: nb + i + shift for i in range(k - 1)}
+    if inverse:
+        moves = {e: d for d, e in moves.items()}
+    axes = tuple(range(nb, nb + k))
+    n = math.prod(shape[nb:])
+    scale = {None: 1.0, "backward": 1.0, "ortho": n**-0.5, "forward": 1.0 / n}[norm]
+
+    def reference(a):  # the transform on one device; the scale a Python number (no constants)
+        if inverse:
+            a = a if layout == "natural" else jnp.moveaxis(a, -1, nb)
+            return jnp.fft.ifftn(a, axes=axes) * (1.0 / scale)  # ifftn has 1/n already
+        y = jnp.fft.fftn(a, axes=axes) * scale
+        return y if layout == "natural" else jnp.moveaxis(y, nb, -1)
+
+    def plan(mesh, entries):
+        ins = _validated(shape, entries, k, mesh, inverse=inverse, layout=layout, fname=fname)
+        return _local(ins, k, dict(mesh.shape), inverse=inverse, layout=layout, norm=norm)
+
+    rule = PT.moved_rule(shape, out_shape, moves)
+    op = PT.op(plan=plan, reference=reference, rule=rule, fname=fname)
+    transform = jax.custom_vjp(op)
+
+    def transform_fwd(a):
+        return op(a), None
+
+    def transform_bwd(_, ct):
+        adjoint = _partitioned(out_shape, k, _ADJOINT_NORM[norm], layout, not inverse, fname)
+        return (jnp.conj(adjoint(jnp.conj(ct))),)
+
+    transform.defvjp(transform_fwd, transform_bwd)
+    return transform
 
 
 def original_entries(entries: tuple, k: int, layout: str, fname: str) -> tuple:
@@ -293,13 +361,12 @@ def inverse(y, *, k, norm, layout, spec, mesh, fname):
         shape = tuple(y.shape) if layout == "natural" else roll(tuple(y.shape), k, -1)
         run = functools.partial(inverse, k=k, norm=norm, layout=layout, fname=fname)
         return V.call_batched(run, y, spec, mesh, jax.ShapeDtypeStruct(shape, dtype))
+    if PT.applies(y, spec):  # inside jit on Auto axes: XLA's partitioner lays y out
+        return _by_partitioner(y, k, norm, layout, inverse=True, fname=fname)
     mesh, spec_entries = L.resolve(y, spec, mesh, fname)
-    entries = original_entries(spec_entries, k, layout, fname)
-    L.check_fft_entries(entries, mesh, k, fname)
-    shape = tuple(y.shape)
-    if layout == "transposed":
-        shape = roll(shape, k, -1)
-    _check_splits(shape, entries, k, mesh, fname)
+    entries = _validated(
+        tuple(y.shape), spec_entries, k, mesh, inverse=True, layout=layout, fname=fname
+    )
     return _c2c(
         y, mesh=mesh, entries=entries, k=k, inverse=True, layout=layout, norm=norm, dtype=dtype
     )
@@ -343,8 +410,10 @@ def pfft3d(
             complex (complex64 for float32, complex128 for float64).
         norm: `"backward"` (default), `"ortho"` or `"forward"`, as in `numpy.fft`.
         layout: `"natural"` or `"transposed"`, see above.
-        spec: the PartitionSpec of `x`, needed only for a traced `x` on Auto mesh axes (inside
-            `jit`), where the sharding cannot be read from `x`.
+        spec: the PartitionSpec of `x`, read from `x` when not given. For a traced `x` on Auto
+            mesh axes (inside `jit`) without it, XLA's partitioner chooses the sharding when it
+            compiles the program, and the transform follows it (docs/fft.md); pass it to fix
+            the sharding yourself, or for forward-mode autodiff there.
         mesh: the mesh of `x` when it cannot be read from `x` or from `jax.set_mesh`.
 
     Returns:
@@ -386,7 +455,7 @@ def pifft3d(
             `"natural"`, `y[KY_a, KZ_b, KX]` for `"transposed"`).
         norm: `"backward"` (default), `"ortho"` or `"forward"`, as in `numpy.fft`.
         layout: the layout `y` is in; must be the one passed to `pfft3d`.
-        spec: the PartitionSpec of `y`, needed only inside `jit` on Auto mesh axes.
+        spec: the PartitionSpec of `y`; optional, as for `pfft3d`.
         mesh: the mesh of `y` when it cannot be read from `y` or from `jax.set_mesh`.
 
     Returns:
@@ -426,7 +495,7 @@ def pfft2d(
         x: real or complex array of rank >= 2.
         norm: `"backward"` (default), `"ortho"` or `"forward"`, as in `numpy.fft`.
         layout: `"natural"` or `"transposed"`.
-        spec: the PartitionSpec of `x`, needed only inside `jit` on Auto mesh axes.
+        spec: the PartitionSpec of `x`; optional, as for `pfft3d`.
         mesh: the mesh of `x` when it cannot be read from `x` or from `jax.set_mesh`.
 
     Returns:
@@ -461,7 +530,7 @@ def pifft2d(
         y: complex spectrum in the layout `pfft2d` produced.
         norm: `"backward"` (default), `"ortho"` or `"forward"`, as in `numpy.fft`.
         layout: the layout `y` is in.
-        spec: the PartitionSpec of `y`, needed only inside `jit` on Auto mesh axes.
+        spec: the PartitionSpec of `y`; optional, as for `pfft3d`.
         mesh: the mesh of `y` when it cannot be read from `y` or from `jax.set_mesh`.
 
     Returns:

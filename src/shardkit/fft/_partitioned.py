@@ -1,0 +1,119 @@
+"""Transforms of traced values on Auto mesh axes, laid out by XLA's partitioner.
+
+Inside `jax.jit` on Auto mesh axes a traced value carries no sharding: XLA's partitioner
+chooses it when the program is compiled, after tracing. A transform called there without
+`spec=` becomes one `jax.experimental.custom_partitioning` op. Its sharding rule tells the
+partitioner how the input's sharding moves to the output (the mesh axis of FFT dim i moves to
+dim i + 1 in the natural layout); at compile time its partition callback receives the sharding
+the partitioner chose for the input, validates it with the checks of the eager route, and
+lowers the same per-shard program (`jax.shard_map`'s body) on each device.
+
+A sharding rule maps dims through factors of equal size, but the sharding moves between dims of
+different sizes (X to Y). Each moved dim is therefore written as a compound factor whose major
+part is the greatest common divisor of the two sizes: a mesh axis that divides both (which the
+all-to-all needs anyway) then shards that part on both sides.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import jax
+from jax.experimental.custom_partitioning import custom_partitioning
+from jax.sharding import AxisType, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from shardkit.errors import ShardkitValueError
+from shardkit.fft import _layout as L
+
+# plan(mesh, entries) -> (per-shard body, in_spec, out_spec); raises ShardkitValueError when the
+# input sharding `entries` does not suit the transform.
+Plan = Callable[[Any, tuple], tuple[Callable, P, P]]
+
+
+def applies(x: Any, spec: P | None) -> bool:
+    """Whether `x`'s layout is left to XLA's partitioner: a traced value with no readable
+    sharding, no `spec=` given, outside `jax.shard_map` (whose Manual axes have no partitioner)."""
+    if spec is not None or not isinstance(x, jax.core.Tracer) or L.spec_of(x) is not None:
+        return False
+    context = jax.sharding.get_abstract_mesh()
+    return AxisType.Manual not in tuple(getattr(context, "axis_types", ()))
+
+
+def moved_rule(in_shape: tuple, out_shape: tuple, moves: dict[int, int]) -> tuple[str, dict]:
+    """A sharding rule in which input dim i's sharding moves to output dim `moves[i]`.
+
+    Dims not in `moves` (or `moves` values) are batch dims passed through when they are leading
+    (`...`), else free factors. Returns the rule string and the sizes of the factors that only
+    occur inside compound factors.
+    """
+    sizes: dict[str, int] = {}
+    whole: set[str] = set()
+
+    def factor(parts: list[tuple[str, int]]) -> str:
+        kept = [(n, s) for n, s in parts if s > 1] or parts[:1]
+        if len(kept) == 1:
+            whole.add(kept[0][0])
+            return kept[0][0]
+        sizes.update(kept)
+        return "(" + " ".join(n for n, _ in kept) + ")"
+
+    nb = min([*moves, *moves.values()])
+    ins = [f"i{d}" for d in range(nb, len(in_shape))]
+    outs = [f"o{d}" for d in range(nb, len(out_shape))]
+    for d, e in moves.items():
+        g = math.gcd(in_shape[d], out_shape[e])
+        ins[d - nb] = factor([(f"g{d}", g), (f"i{d}", in_shape[d] // g)])
+        outs[e - nb] = factor([(f"g{d}", g), (f"o{e}", out_shape[e] // g)])
+    rule = "... " + " ".join(ins) + " -> ... " + " ".join(outs)
+    return rule, {n: s for n, s in sizes.items() if n not in whole}
+
+
+def op(
+    *,
+    plan: Plan,
+    reference: Callable[[jax.Array], jax.Array],
+    rule: tuple[str, dict],
+    fname: str,
+) -> Callable[[jax.Array], jax.Array]:
+    """A transform as a custom-partitioned op (see the module docstring), jitted.
+
+    Args:
+        plan: builds the per-shard program from the mesh and the input's PartitionSpec entries.
+        reference: the transform on one device (lowered when the program has one device).
+        rule: the sharding rule and its factor sizes (`moved_rule`).
+        fname: the public function's name, for errors.
+
+    Returns:
+        The op. It is jitted, so that called on a concrete array (under `jax.grad` without
+        `jit`) it is partitioned too: outside `jit` the op would run `reference` as plain JAX
+        ops, which gather a sharded operand.
+    """
+    custom = custom_partitioning(reference)
+
+    def partition(mesh, arg_shapes, result_shape):
+        del result_shape  # the output's sharding follows from the input's
+        arg = arg_shapes[0]
+        if not isinstance(arg.sharding, NamedSharding):
+            raise ShardkitValueError(
+                f"{fname}: inside jit, XLA's partitioner gave x (shape {tuple(arg.shape)}) "
+                f"a sharding with no mesh ({arg.sharding}); fix: call it under "
+                f"jax.set_mesh(mesh), or pass spec= and mesh=."
+            )
+        entries = L.normalize(arg.sharding.spec, len(arg.shape))
+        try:
+            body, in_spec, out_spec = plan(mesh, entries)
+        except ShardkitValueError as e:
+            raise ShardkitValueError(
+                f"{e} (Inside jit on Auto mesh axes, XLA's partitioner chose this sharding, "
+                f"{P(*entries)}, for x; to choose another, constrain x first with "
+                f"jax.lax.with_sharding_constraint(x, P(...)), or pass spec=.)"
+            ) from None
+        out = (NamedSharding(mesh, in_spec),)
+        return mesh, body, NamedSharding(mesh, out_spec), out
+
+    text, sizes = rule
+    custom.def_partition(partition=partition, sharding_rule=text, **sizes)
+    return jax.jit(custom)

@@ -1,0 +1,186 @@
+"""Complex transforms inside jit on Auto mesh axes without spec=: XLA's partitioner lays x out.
+
+Each result is checked against numpy and against the eager transform of the same array (whose
+sharding shardkit reads directly); the compiled program must not gather the operand.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import AxisType, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import shardkit.fft as skfft
+from shardkit.inspection.hlo import collective_counts
+
+AUTO = AxisType.Auto
+
+# (mesh shape, input shape, input spec): pencils, slabs, batch dims, non-cubic FFT dims
+CASES = {
+    "pencil": ((2, 4), (16, 8, 24), P("x", "y")),
+    "pencil-swapped": ((2, 4), (8, 16, 8), P("y", "x")),
+    "slab": ((8,), (16, 24, 8), P("x")),
+    "slab-y": ((8,), (6, 16, 8), P(None, "x")),
+    "batch": ((2, 4), (3, 8, 16, 8), P(None, "x", "y")),
+    "sharded-batch": ((2, 4), (2, 8, 16, 4), P("x", "y")),
+    "2d": ((8,), (16, 40), P("x")),
+    "2d-batch": ((2, 4), (4, 8, 12), P("x", "y")),
+}
+
+
+def _mesh(shape):
+    return jax.make_mesh(shape, ("x", "y")[: len(shape)], axis_types=(AUTO,) * len(shape))
+
+
+def _data(shape, seed=0):
+    rng = np.random.default_rng(seed)
+    return (rng.standard_normal(shape) + 1j * rng.standard_normal(shape)).astype(np.complex64)
+
+
+def _relerr(got, want):
+    got = np.asarray(got).astype(np.complex128)
+    return float(np.linalg.norm(got - want) / np.linalg.norm(want))
+
+
+def _numpy(host, k, layout, norm, inverse=False):
+    axes = tuple(range(host.ndim - k, host.ndim))
+    if inverse:
+        if layout == "transposed":
+            host = np.moveaxis(host, -1, -k)
+        return np.fft.ifftn(host, axes=axes, norm=norm)
+    y = np.fft.fftn(host.astype(np.complex128), axes=axes, norm=norm)
+    return y if layout == "natural" else np.moveaxis(y, -k, -1)
+
+
+@pytest.mark.parametrize("norm", ["backward", "ortho"])
+@pytest.mark.parametrize("layout", ["natural", "transposed"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_jit_without_spec_equals_numpy_and_the_eager_layout(case, layout, norm):
+    mesh_shape, shape, spec = CASES[case]
+    k = 2 if case.startswith("2d") else 3
+    fwd, inv = (skfft.pfft2d, skfft.pifft2d) if k == 2 else (skfft.pfft3d, skfft.pifft3d)
+    host = _data(shape)
+    x = jax.device_put(host, NamedSharding(_mesh(mesh_shape), spec))
+
+    jitted = jax.jit(lambda a: fwd(a, layout=layout, norm=norm))
+    compiled = jitted.lower(x).compile()
+    y = compiled(x)
+    eager = fwd(x, layout=layout, norm=norm)
+    assert _relerr(y, _numpy(host, k, layout, norm)) < 1e-5
+    assert y.sharding.is_equivalent_to(eager.sharding, y.ndim), (y.sharding, eager.sharding)
+    counts = collective_counts(compiled.as_text())
+    assert counts.get("all-gather", 0) == 0, counts  # x is never gathered
+    assert counts.get("all-to-all", 0) >= 1, counts  # the distributed transform ran
+
+    x2 = jax.jit(lambda b: inv(b, layout=layout, norm=norm))(y)
+    assert _relerr(x2, host) < 1e-5
+    assert x2.sharding.is_equivalent_to(x.sharding, x.ndim)
+
+
+@pytest.mark.parametrize("norm", ["backward", "ortho", "forward"])
+@pytest.mark.parametrize("layout", ["natural", "transposed"])
+def test_gradient_without_spec_equals_jnp(layout, norm):
+    mesh = _mesh((2, 4))
+    rng = np.random.default_rng(1)
+    host = rng.standard_normal((16, 8, 24)).astype(np.float32)
+    w = rng.standard_normal((16, 8, 24)).astype(np.float32)
+    w = w if layout == "natural" else np.moveaxis(w, 0, -1)
+    x = jax.device_put(host, NamedSharding(mesh, P("x", "y")))
+
+    def loss(a, fft):
+        y = fft(a)
+        return jnp.sum(jnp.abs(y) ** 2 + jnp.real(y) * w - jnp.imag(y) * w)
+
+    def reference(a):
+        y = jnp.fft.fftn(a, norm=norm)
+        return y if layout == "natural" else jnp.moveaxis(y, 0, -1)
+
+    g = jax.jit(jax.grad(lambda a: loss(a, lambda b: skfft.pfft3d(b, layout=layout, norm=norm))))(x)
+    want = jax.grad(lambda a: loss(a, reference))(jnp.asarray(host))
+    assert _relerr(g, np.asarray(want)) < 1e-5
+    assert g.sharding.is_equivalent_to(x.sharding, x.ndim)
+
+    # and through the inverse: the gradient of a complex input (JAX's convention: conj of d/dz)
+    spectrum = skfft.spectral_layout(x, layout=layout)
+    y = jax.device_put(_data(spectrum.shape, seed=2), NamedSharding(mesh, spectrum.spec))
+
+    def inverse_loss(b, ifft):
+        return jnp.sum(jnp.abs(ifft(b) - 0.5) ** 2)
+
+    def ifft_reference(b):
+        b = b if layout == "natural" else jnp.moveaxis(b, -1, 0)
+        return jnp.fft.ifftn(b, norm=norm)
+
+    ifft = lambda b: skfft.pifft3d(b, layout=layout, norm=norm)  # noqa: E731
+    gi = jax.jit(jax.grad(lambda b: inverse_loss(b, ifft)))(y)
+    want_i = jax.grad(lambda b: inverse_loss(b, ifft_reference))(jnp.asarray(np.asarray(y)))
+    assert _relerr(gi, np.asarray(want_i)) < 1e-5
+    assert gi.sharding.is_equivalent_to(y.sharding, y.ndim)
+
+
+def test_under_set_mesh_and_vmap_without_spec():
+    grid = jax.make_mesh((2, 2, 2), ("b", "x", "y"), axis_types=(AUTO,) * 3)
+    host = _data((4, 8, 8, 16))
+    xs = jax.device_put(host, NamedSharding(grid, P("b", "x", "y")))
+    with jax.set_mesh(grid):
+        ys = jax.jit(jax.vmap(skfft.pfft3d))(xs)
+    assert _relerr(ys, np.fft.fftn(host.astype(np.complex128), axes=(1, 2, 3))) < 1e-5
+    assert ys.sharding.spec == P("b", None, "x", "y")
+
+
+@pytest.mark.parametrize("norm", ["backward", "ortho", "forward"])
+@pytest.mark.parametrize("layout", ["natural", "transposed"])
+def test_one_device_program_is_jnp_fftn(layout, norm):
+    host = _data((8, 4, 6))
+    y = jax.jit(lambda a: skfft.pfft3d(a, layout=layout, norm=norm))(jnp.asarray(host))
+    assert _relerr(y, _numpy(host, 3, layout, norm)) < 1e-5
+    x2 = jax.jit(lambda b: skfft.pifft3d(b, layout=layout, norm=norm))(y)
+    assert _relerr(x2, host) < 1e-5
+
+
+def test_eager_gradient_on_auto_axes_runs_the_distributed_program():
+    # under jax.grad without jit the input is traced too; the op must still be partitioned
+    mesh = _mesh((2, 4))
+    host = np.random.default_rng(3).standard_normal((16, 8, 8)).astype(np.float32)
+    x = jax.device_put(host, NamedSharding(mesh, P("x", "y")))
+    g = jax.grad(lambda a: jnp.sum(jnp.abs(skfft.pfft3d(a, norm="ortho")) ** 2))(x)
+    assert _relerr(g, 2 * host) < 1e-5  # Parseval: the ortho transform keeps the norm
+    assert g.sharding.is_equivalent_to(x.sharding, x.ndim)
+
+
+def test_error_when_the_partitioner_leaves_x_unsharded():
+    mesh = _mesh((2, 4))
+    x = jax.device_put(_data((8, 8, 8)), NamedSharding(mesh, P("x", "y")))
+    # a fresh array inside jit is replicated: the transform would have nothing to distribute
+    with pytest.raises(Exception, match=r"pfft3d: x .*not sharded over mesh.*XLA's partitioner "
+                                        r"chose this sharding, P\(None, None, None\).*"
+                                        r"with_sharding_constraint"):  # fmt: skip
+        jax.jit(lambda a: skfft.pfft3d(jnp.ones((8, 8, 8), jnp.complex64) + a.sum()))(x)
+
+
+def test_error_when_the_last_dim_is_sharded():
+    mesh = _mesh((8,))
+    x = jax.device_put(_data((8, 8, 16)), NamedSharding(mesh, P(None, None, "x")))
+    with pytest.raises(Exception, match=r"last FFT dim \(dim 2\) is sharded over mesh axis 'x' "
+                                        r"of size 8.*XLA's partitioner chose"):  # fmt: skip
+        jax.jit(skfft.pfft3d)(x)
+
+
+def test_inside_shard_map_still_needs_spec():
+    # Manual axes have no partitioner: a traced shard cannot be laid out later, so the call
+    # raises instead of transforming each shard alone
+    mesh = _mesh((2, 4))
+    x = jax.device_put(_data((16, 16, 8)), NamedSharding(mesh, P("x", "y")))
+    local = jax.shard_map(skfft.pfft3d, mesh=mesh, in_specs=P("x", "y"), out_specs=P("x", "y"))
+    with pytest.raises(ValueError, match=r"pfft3d: x \(shape \(8, 4, 8\)\) is a traced value.*fix"):
+        jax.jit(local)(x)
+
+
+@pytest.mark.parametrize("fn", ["halo_exchange", "prfft3d", "transpose_zy", "batched_fftn"])
+def test_transforms_without_a_partitioner_rule_keep_the_clear_error(fn):
+    mesh = _mesh((2, 4))
+    x = jax.device_put(np.ones((16, 16, 8), np.float32), NamedSharding(mesh, P("x", "y")))
+    call = {"halo_exchange": lambda a: skfft.halo_exchange(a, 1)}.get(fn, getattr(skfft, fn))
+    with pytest.raises(ValueError, match=rf"{fn}: x .*traced value on Auto mesh axes.*spec="):
+        jax.jit(call)(x)
