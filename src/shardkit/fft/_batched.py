@@ -19,19 +19,24 @@ from jaxtyping import Array, Complex, Num
 
 from shardkit.errors import ShardkitValueError
 from shardkit.fft import _layout as L
+from shardkit.fft import _partitioned as PT
+
+
+def _body(axes: tuple, inverse: bool, norm):
+    """The per-shard program: the transform of the local block (whole along `axes`)."""
+    return functools.partial(jnp.fft.ifftn if inverse else jnp.fft.fftn, axes=axes, norm=norm)
 
 
 @functools.partial(jax.jit, static_argnames=("mesh", "entries", "axes", "inverse", "norm"))
 def _local(x, *, mesh, entries, axes, inverse, norm):
-    fn = jnp.fft.ifftn if inverse else jnp.fft.fftn
     spec = P(*entries)
-    body = lambda blk: fn(blk, axes=axes, norm=norm)  # noqa: E731
+    body = _body(axes, inverse, norm)
     return jax.shard_map(body, mesh=mesh, in_specs=spec, out_specs=spec)(x)
 
 
 def _run(x, axes, norm, spec, mesh, inverse, fname):
     L.check_choice("norm", norm, L.NORMS, fname)
-    L.complex_dtype(x.dtype, fname, allow_real=not inverse)
+    dtype = L.complex_dtype(x.dtype, fname, allow_real=not inverse)
     ndim = len(x.shape)
     axes = tuple(range(ndim)) if axes is None else tuple(axes)
     for ax in axes:
@@ -41,17 +46,44 @@ def _run(x, axes, norm, spec, mesh, inverse, fname):
                 f"{tuple(x.shape)}); fix: pass dims between {-ndim} and {ndim - 1}."
             )
     axes = tuple(sorted({ax % ndim for ax in axes}))
+    if PT.applies(x, spec):  # inside jit on Auto axes: XLA's partitioner lays x out
+        return _partitioned(tuple(x.shape), axes, norm, inverse, fname)(x.astype(dtype))
     mesh, entries = L.resolve(x, spec, mesh, fname)
+    _checked(tuple(x.shape), entries, mesh, axes, fname)
+    return _local(x, mesh=mesh, entries=entries, axes=axes, inverse=inverse, norm=norm)
+
+
+def _checked(shape: tuple, entries: tuple, mesh, axes: tuple, fname: str) -> None:
+    """Raises ValueError when a transformed dim is sharded."""
     mesh_shape = dict(mesh.shape)
     for ax in axes:
         if L.entry_size(entries[ax], mesh_shape) > 1:
             raise ShardkitValueError(
-                f"{fname}: dim {ax} (size {x.shape[ax]}) is sharded over mesh axis "
+                f"{fname}: dim {ax} (size {shape[ax]}) is sharded over mesh axis "
                 f"{entries[ax]!r} (spec {P(*entries)}), but this transform only runs along "
                 f"unsharded dims; fix: use pfft2d/pfft3d for a transform over a sharded dim, "
                 f"or drop dim {ax} from axes=."
             )
-    return _local(x, mesh=mesh, entries=entries, axes=axes, inverse=inverse, norm=norm)
+
+
+@functools.lru_cache(maxsize=64)  # one op per signature: eager calls then hit jit's cache
+def _partitioned(shape: tuple, axes: tuple, norm, inverse: bool, fname: str):
+    """The transform of a traced input on Auto mesh axes whose sharding XLA's partitioner
+    chooses (`_partitioned`); its VJP is the transform the other way (`PT.ADJOINT_NORM`)."""
+
+    def plan(mesh, entries):
+        _checked(shape, entries, mesh, axes, fname)
+        return _body(axes, inverse, norm), P(*entries), P(*entries)
+
+    def adjoint():
+        other = _partitioned(shape, axes, PT.ADJOINT_NORM[norm], not inverse, fname)
+        return lambda ct: jnp.conj(other(jnp.conj(ct)))
+
+    def reference(a):  # the transform on one device
+        return PT.fft(a, axes, norm, inverse)
+
+    rule = PT.kept_rule(len(shape), axes)
+    return PT.linear(PT.op(plan=plan, reference=reference, rule=rule, fname=fname), adjoint)
 
 
 def batched_fftn(
@@ -71,7 +103,7 @@ def batched_fftn(
         x: real or complex array sharded over some dims.
         axes: dims to transform (all dims by default); none of them may be sharded.
         norm: `"backward"` (default), `"ortho"` or `"forward"`, as in `numpy.fft`.
-        spec: the PartitionSpec of `x`, needed only inside `jit` on Auto mesh axes.
+        spec: the PartitionSpec of `x`; optional, as for `pfft3d`.
         mesh: the mesh of `x` when it cannot be read from `x` or from `jax.set_mesh`.
 
     Returns:
@@ -108,7 +140,7 @@ def batched_ifftn(
         y: complex array sharded over some dims.
         axes: dims to transform (all dims by default); none of them may be sharded.
         norm: `"backward"` (default), `"ortho"` or `"forward"`, as in `numpy.fft`.
-        spec: the PartitionSpec of `y`, needed only inside `jit` on Auto mesh axes.
+        spec: the PartitionSpec of `y`; optional, as for `pfft3d`.
         mesh: the mesh of `y` when it cannot be read from `y` or from `jax.set_mesh`.
 
     Returns:

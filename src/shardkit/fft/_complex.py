@@ -29,7 +29,6 @@ it (reassembly and rotation together) instead of a slice copy, a concatenate and
 from __future__ import annotations
 
 import functools
-import math
 from typing import Any
 
 import jax
@@ -277,10 +276,6 @@ def _validated(shape: tuple, entries: tuple, k: int, mesh, *, inverse, layout, f
     return entries
 
 
-# The norm whose transform in the other direction scales as `norm` does in this one.
-_ADJOINT_NORM = {None: "forward", "backward": "forward", "ortho": "ortho", "forward": "backward"}
-
-
 def _by_partitioner(x, k: int, norm, layout: str, *, inverse: bool, fname: str):
     """The transform of a traced `x` on Auto mesh axes whose sharding XLA's partitioner
     chooses at compile time (`_partitioned`), differentiable in reverse mode."""
@@ -289,11 +284,9 @@ def _by_partitioner(x, k: int, norm, layout: str, *, inverse: bool, fname: str):
 
 @functools.lru_cache(maxsize=64)  # one op per signature: eager calls then hit jit's cache
 def _partitioned(shape: tuple, k: int, norm, layout: str, inverse: bool, fname: str):
-    """The custom-partitioned transform of a complex input of `shape`, with a custom VJP.
-
-    A DFT's matrix is symmetric, so its VJP is the same DFT: `conj(inverse(conj(ct)))` with the
-    inverse transform scaled as this one, which maps the cotangent back to the argument's layout.
-    """
+    """The custom-partitioned transform of a complex input of `shape`, with a custom VJP: the
+    transform the other way (`PT.ADJOINT_NORM`), which maps the cotangent back to the
+    argument's layout."""
     nb = len(shape) - k
     out_shape = shape if layout == "natural" else roll(shape, k, -1 if inverse else 1)
     shift = int(layout == "natural")  # FFT dim i's mesh axis moves to dim i + shift
@@ -301,33 +294,24 @@ def _partitioned(shape: tuple, k: int, norm, layout: str, inverse: bool, fname: 
     if inverse:
         moves = {e: d for d, e in moves.items()}
     axes = tuple(range(nb, nb + k))
-    n = math.prod(shape[nb:])
-    scale = {None: 1.0, "backward": 1.0, "ortho": n**-0.5, "forward": 1.0 / n}[norm]
 
-    def reference(a):  # the transform on one device; the scale a Python number (no constants)
+    def reference(a):  # the transform on one device
         if inverse:
             a = a if layout == "natural" else jnp.moveaxis(a, -1, nb)
-            return jnp.fft.ifftn(a, axes=axes) * (1.0 / scale)  # ifftn has 1/n already
-        y = jnp.fft.fftn(a, axes=axes) * scale
+            return PT.fft(a, axes, norm, inverse=True)
+        y = PT.fft(a, axes, norm, inverse=False)
         return y if layout == "natural" else jnp.moveaxis(y, nb, -1)
 
     def plan(mesh, entries):
         ins = _validated(shape, entries, k, mesh, inverse=inverse, layout=layout, fname=fname)
         return _local(ins, k, dict(mesh.shape), inverse=inverse, layout=layout, norm=norm)
 
+    def adjoint():
+        other = _partitioned(out_shape, k, PT.ADJOINT_NORM[norm], layout, not inverse, fname)
+        return lambda ct: jnp.conj(other(jnp.conj(ct)))
+
     rule = PT.moved_rule(shape, out_shape, moves)
-    op = PT.op(plan=plan, reference=reference, rule=rule, fname=fname)
-    transform = jax.custom_vjp(op)
-
-    def transform_fwd(a):
-        return op(a), None
-
-    def transform_bwd(_, ct):
-        adjoint = _partitioned(out_shape, k, _ADJOINT_NORM[norm], layout, not inverse, fname)
-        return (jnp.conj(adjoint(jnp.conj(ct))),)
-
-    transform.defvjp(transform_fwd, transform_bwd)
-    return transform
+    return PT.linear(PT.op(plan=plan, reference=reference, rule=rule, fname=fname), adjoint)
 
 
 def original_entries(entries: tuple, k: int, layout: str, fname: str) -> tuple:

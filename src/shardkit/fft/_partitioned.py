@@ -21,6 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 from jax.experimental.custom_partitioning import custom_partitioning
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -71,6 +72,27 @@ def moved_rule(in_shape: tuple, out_shape: tuple, moves: dict[int, int]) -> tupl
     return rule, {n: s for n, s in sizes.items() if n not in whole}
 
 
+def kept_rule(ndim: int, whole: tuple[int, ...]) -> tuple[str, dict]:
+    """A sharding rule in which every dim keeps its sharding and the dims `whole` stay whole."""
+    factors = " ".join(f"d{d}" for d in range(ndim))
+    return f"{factors} -> {factors}", {"need_replication_factors": tuple(f"d{d}" for d in whole)}
+
+
+# The norm whose transform in the other direction scales as `norm` does in this one: a DFT's
+# matrix is symmetric, so the VJP of a transform is conj(other(conj(ct))) with this norm.
+ADJOINT_NORM = {None: "forward", "backward": "forward", "ortho": "ortho", "forward": "backward"}
+
+
+def fft(a: jax.Array, axes: tuple[int, ...], norm: str | None, inverse: bool) -> jax.Array:
+    """`jnp.fft.fftn` (or `ifftn`) on one device, its scale a Python number: a custom op's
+    reference may hold no array constants, which `jnp.fft`'s `norm=` makes in some versions."""
+    n = math.prod(a.shape[d] for d in axes)
+    scale = {None: 1.0, "backward": 1.0, "ortho": n**-0.5, "forward": 1.0 / n}[norm]
+    if inverse:
+        return jnp.fft.ifftn(a, axes=axes) * (1.0 / scale)  # ifftn divides by n already
+    return jnp.fft.fftn(a, axes=axes) * scale
+
+
 def op(
     *,
     plan: Plan,
@@ -117,3 +139,14 @@ def op(
     text, sizes = rule
     custom.def_partition(partition=partition, sharding_rule=text, **sizes)
     return jax.jit(custom)
+
+
+def linear(op: Callable, adjoint: Callable[[], Callable]) -> Callable:
+    """`op`, a linear map, made differentiable in reverse mode: its VJP is `adjoint()(ct)`.
+
+    `adjoint` is called when the VJP runs, so two ops can be each other's adjoint. Forward mode
+    (`jax.jvp`) does not go through a custom VJP; there the caller passes `spec=`.
+    """
+    fn = jax.custom_vjp(op)
+    fn.defvjp(lambda a: (op(a), None), lambda _, ct: (adjoint()(ct),))
+    return fn

@@ -31,10 +31,12 @@ import functools
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 from jaxtyping import Array, Shaped
 
 from shardkit.fft import _layout as L
+from shardkit.fft import _partitioned as PT
 from shardkit.fft import _vmap as V
 from shardkit.fft._complex import exchange, roll, to_trailing, trailing_order
 
@@ -46,22 +48,63 @@ def _out_entries(entries: tuple) -> tuple:
     return entries[:nb] + (b, a, None)
 
 
-@functools.partial(jax.jit, static_argnames=("mesh", "entries", "forward"))
-def _step(x, *, mesh, entries, forward):
+def _local(entries: tuple, mesh_shape: dict, forward: bool):
+    """The per-shard program of one step on an input sharded `entries`: (body, in_spec,
+    out_spec)."""
     nb = len(entries) - 3
     axis = entries[nb + 1] if forward else entries[nb]  # the mesh axis the all-to-all runs over
-    n = L.entry_size(axis, dict(mesh.shape))
-    active = n > 1
+    n = L.entry_size(axis, mesh_shape)
 
     def body(blk):  # forward: [.., X_a, Y_b, Z] -> [.., X_a, Y, Z_b] -> [.., Z_b, X_a, Y]
         gather, whole = (1, 1) if forward else (0, 0)
-        if not active:
+        if n == 1:
             return to_trailing(blk, [0, 1, 2], [whole], nb)[0]
         new = trailing_order([0, 1, 2], [whole])
         return exchange(blk, axis, n, [0, 1, 2], 2, gather, new, nb)
 
-    out_spec = P(*_out_entries(entries))
-    return jax.shard_map(body, mesh=mesh, in_specs=P(*entries), out_specs=out_spec)(x)
+    return body, P(*entries), P(*_out_entries(entries))
+
+
+@functools.partial(jax.jit, static_argnames=("mesh", "entries", "forward"))
+def _step(x, *, mesh, entries, forward):
+    body, in_spec, out_spec = _local(entries, dict(mesh.shape), forward)
+    return jax.shard_map(body, mesh=mesh, in_specs=in_spec, out_specs=out_spec)(x)
+
+
+def _validated(shape: tuple, entries: tuple, mesh, forward: bool, fname: str) -> tuple:
+    """Checks that one step can run on an input of `shape` sharded `entries`; returns them."""
+    L.check_fft_entries(entries, mesh, 3, fname)
+    nb = len(entries) - 3
+    split_by = entries[nb + 1] if forward else entries[nb]
+    for d, e in enumerate(entries):
+        L.check_divisible(shape, d, e, mesh, fname, "it is sharded over that mesh axis")
+    L.check_divisible(
+        shape,
+        nb + 2,
+        split_by,
+        mesh,
+        fname,
+        f"the all-to-all splits the whole last dim over the mesh axis of dim {nb + int(forward)}",
+    )
+    return entries
+
+
+@functools.lru_cache(maxsize=64)  # one op per signature: eager calls then hit jit's cache
+def _partitioned(shape: tuple, forward: bool, fname: str):
+    """One step on a traced input on Auto mesh axes whose sharding XLA's partitioner chooses
+    (`_partitioned`); its VJP is the step the other way (a permutation's inverse)."""
+    nb = len(shape) - 3
+    batch = tuple(range(nb))
+    perm = batch + ((nb + 2, nb, nb + 1) if forward else (nb + 1, nb + 2, nb))
+    out_shape = tuple(shape[p] for p in perm)
+
+    def plan(mesh, entries):
+        entries = _validated(shape, entries, mesh, forward, fname)
+        return _local(entries, dict(mesh.shape), forward)
+
+    rule = PT.moved_rule(shape, out_shape, {nb: nb + 1, nb + 1: nb})  # the two axes swap dims
+    op = PT.op(plan=plan, reference=lambda a: jnp.transpose(a, perm), rule=rule, fname=fname)
+    return PT.linear(op, lambda: _partitioned(out_shape, not forward, fname))
 
 
 def _transpose(x, *, forward: bool, spec, mesh, fname: str):
@@ -71,20 +114,10 @@ def _transpose(x, *, forward: bool, spec, mesh, fname: str):
         shape = roll(tuple(x.shape), 3, -1 if forward else 1)
         run = functools.partial(_transpose, forward=forward, fname=fname)
         return V.call_batched(run, x, spec, mesh, jax.ShapeDtypeStruct(shape, x.dtype))
+    if PT.applies(x, spec):  # inside jit on Auto axes: XLA's partitioner lays x out
+        return _partitioned(tuple(x.shape), forward, fname)(x)
     mesh, entries = L.resolve(x, spec, mesh, fname)
-    L.check_fft_entries(entries, mesh, 3, fname)
-    nb = len(entries) - 3
-    split_by = entries[nb + 1] if forward else entries[nb]
-    for d, e in enumerate(entries):
-        L.check_divisible(tuple(x.shape), d, e, mesh, fname, "it is sharded over that mesh axis")
-    L.check_divisible(
-        tuple(x.shape),
-        nb + 2,
-        split_by,
-        mesh,
-        fname,
-        f"the all-to-all splits the whole last dim over the mesh axis of dim {nb + int(forward)}",
-    )
+    entries = _validated(tuple(x.shape), entries, mesh, forward, fname)
     return _step(x, mesh=mesh, entries=entries, forward=forward)
 
 
@@ -98,7 +131,7 @@ def transpose_zy(
     Args:
         x: array of rank >= 3, its last dim whole and the two dims before it sharded over at
             most one mesh axis each (leading dims are batch dims).
-        spec: the PartitionSpec of `x`, needed only inside `jit` on Auto mesh axes.
+        spec: the PartitionSpec of `x`; optional, as for `pfft3d`.
         mesh: the mesh of `x` when it cannot be read from `x` or from `jax.set_mesh`.
     Returns:
         `jnp.transpose(x, (..., -1, -3, -2))` with spec `P(b, a, None)`.
@@ -128,7 +161,7 @@ def transpose_yz(
     Args:
         x: array of rank >= 3, its last dim whole and the two dims before it sharded over at
             most one mesh axis each (leading dims are batch dims).
-        spec: the PartitionSpec of `x`, needed only inside `jit` on Auto mesh axes.
+        spec: the PartitionSpec of `x`; optional, as for `pfft3d`.
         mesh: the mesh of `x` when it cannot be read from `x` or from `jax.set_mesh`.
     Returns:
         `jnp.transpose(x, (..., -2, -1, -3))` with the two sharded dims' mesh axes swapped back.
@@ -157,7 +190,7 @@ def transpose_yx(
     Args:
         x: array of rank >= 3, its last dim whole and the two dims before it sharded over at
             most one mesh axis each (leading dims are batch dims).
-        spec: the PartitionSpec of `x`, needed only inside `jit` on Auto mesh axes.
+        spec: the PartitionSpec of `x`; optional, as for `pfft3d`.
         mesh: the mesh of `x` when it cannot be read from `x` or from `jax.set_mesh`.
     Returns:
         `jnp.transpose(x, (..., -1, -3, -2))` with the two sharded dims' mesh axes swapped.
@@ -186,7 +219,7 @@ def transpose_xy(
     Args:
         x: array of rank >= 3, its last dim whole and the two dims before it sharded over at
             most one mesh axis each (leading dims are batch dims).
-        spec: the PartitionSpec of `x`, needed only inside `jit` on Auto mesh axes.
+        spec: the PartitionSpec of `x`; optional, as for `pfft3d`.
         mesh: the mesh of `x` when it cannot be read from `x` or from `jax.set_mesh`.
     Returns:
         `jnp.transpose(x, (..., -2, -1, -3))` with the two sharded dims' mesh axes swapped.
