@@ -2,11 +2,12 @@
 
 Inside `jax.jit` on Auto mesh axes a traced value carries no sharding: XLA's partitioner
 chooses it when the program is compiled, after tracing. A transform called there without
-`spec=` becomes one `jax.experimental.custom_partitioning` op. Its sharding rule tells the
-partitioner how the input's sharding moves to the output (the mesh axis of FFT dim i moves to
-dim i + 1 in the natural layout); at compile time its partition callback receives the sharding
-the partitioner chose for the input, validates it with the checks of the eager route, and
-lowers the same per-shard program (`jax.shard_map`'s body) on each device.
+`spec=` becomes one `jax.experimental.custom_partitioning` op (the complex transforms, the
+pencil transposes, `batched_fftn`). Its sharding rule tells the partitioner how the input's
+sharding moves to the output (the mesh axis of FFT dim i moves to dim i + 1 in the natural
+layout); at compile time its partition callback receives the sharding the partitioner chose for
+the input, validates it with the checks of the eager route, and lowers the same per-shard
+program (`jax.shard_map`'s body) on each device. Each op is linear, with a custom VJP.
 
 A sharding rule maps dims through factors of equal size, but the sharding moves between dims of
 different sizes (X to Y). Each moved dim is therefore written as a compound factor whose major
@@ -105,7 +106,7 @@ def op(
     Args:
         plan: builds the per-shard program from the mesh and the input's PartitionSpec entries.
         reference: the transform on one device (lowered when the program has one device).
-        rule: the sharding rule and its factor sizes (`moved_rule`).
+        rule: the sharding rule and its keyword arguments (`moved_rule`, `kept_rule`).
         fname: the public function's name, for errors.
 
     Returns:
