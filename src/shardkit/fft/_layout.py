@@ -13,7 +13,7 @@ from typing import Any, Literal, NamedTuple
 
 import jax
 import jax.numpy as jnp
-from jax.sharding import NamedSharding
+from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from shardkit.errors import ShardkitTypeError, ShardkitValueError
@@ -164,6 +164,12 @@ def _unknown_layout(x: Any, mesh: Any, fname: str) -> str:
         )
     sizes = dict(mesh.shape)
     axes = ", ".join(f"{a!r} (size {n})" for a, n in sizes.items())
+    if AxisType.Manual in tuple(getattr(mesh, "axis_types", ())):
+        return (
+            f"{fname}: {arg} (shape {shape}) is one shard inside jax.shard_map (mesh axes "
+            f"{axes} are Manual there), not the distributed array; fix: call {fname} outside "
+            f"the shard_map, on the whole sharded array."
+        )
     names = [a for a, n in sizes.items() if n > 1][:2] or list(sizes)[:1]
     example = "P(" + ", ".join(repr(a) for a in names) + ")"
     return (
