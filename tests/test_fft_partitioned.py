@@ -4,6 +4,8 @@ Each result is checked against numpy and against the eager transform of the same
 sharding shardkit reads directly); the compiled program must not gather the operand.
 """
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -235,3 +237,25 @@ def test_transforms_without_a_partitioner_rule_keep_the_clear_error(fn):
     call = {"halo_exchange": lambda a: skfft.halo_exchange(a, 1)}.get(fn, getattr(skfft, fn))
     with pytest.raises(ValueError, match=rf"{fn}: x .*traced value on Auto mesh axes.*spec="):
         jax.jit(call)(x)
+
+
+def test_no_argument_carries_the_mesh_under_set_mesh():
+    # a function of no arguments: JAX lowers without a mesh, so the operand's sharding names
+    # none; it is matched against jax.set_mesh's mesh
+    mesh = _mesh((2, 4))
+
+    def power():
+        x = jax.lax.with_sharding_constraint(jnp.ones((16, 8, 8), jnp.complex64), P("x", "y"))
+        return skfft.pfft3d(x)
+
+    with jax.set_mesh(mesh):
+        try:
+            y = jax.jit(power)()
+        except Exception as e:  # JAX 0.10 compiles outside the set_mesh context: the clear error
+            assert jax.__version_info__ < (0, 12), e
+            assert re.search(r"pfft3d: .*names no mesh.*fix: pass spec=", str(e)), e
+            y = jax.jit(lambda: skfft.pfft3d(jnp.ones((16, 8, 8)), spec=P("x", "y")))()  # the fix
+    want = np.zeros((16, 8, 8))
+    want[0, 0, 0] = 16 * 8 * 8
+    assert _relerr(y, want) < 1e-6
+    assert y.sharding.spec == P(None, "x", "y")

@@ -17,6 +17,7 @@ all-to-all needs anyway) then shards that part on both sides.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable
 from typing import Any
@@ -119,13 +120,7 @@ def op(
     def partition(mesh, arg_shapes, result_shape):
         del result_shape  # the output's sharding follows from the input's
         arg = arg_shapes[0]
-        if not isinstance(arg.sharding, NamedSharding):
-            raise ShardkitValueError(
-                f"{fname}: inside jit, XLA's partitioner gave x (shape {tuple(arg.shape)}) "
-                f"a sharding with no mesh ({arg.sharding}); fix: call it under "
-                f"jax.set_mesh(mesh), or pass spec= and mesh=."
-            )
-        entries = L.normalize(arg.sharding.spec, len(arg.shape))
+        mesh, entries = _named(mesh, arg, fname)
         try:
             body, in_spec, out_spec = plan(mesh, entries)
         except ShardkitValueError as e:
@@ -140,6 +135,43 @@ def op(
     text, sizes = rule
     custom.def_partition(partition=partition, sharding_rule=text, **sizes)
     return jax.jit(custom)
+
+
+def _named(mesh: Any, arg: Any, fname: str) -> tuple[Any, tuple]:
+    """The mesh and PartitionSpec entries of the sharding the partitioner gave the operand.
+
+    JAX names the sharding on the mesh it lowers with, taken from the jitted function's
+    arguments. When none carries one (e.g. a function of no arguments under `jax.set_mesh`) the
+    sharding comes without a mesh; it is then matched against the specs of `jax.set_mesh`'s mesh
+    where the compiler's callback sees it (JAX 0.12; JAX 0.10 compiles outside that context).
+    """
+    ndim = len(arg.shape)
+    if isinstance(arg.sharding, NamedSharding):
+        return mesh, L.normalize(arg.sharding.spec, ndim)
+    context = jax.sharding.get_mesh()
+    if getattr(context, "devices", None) is not None and context.size == len(
+        arg.sharding.device_set
+    ):
+        for entries in _specs(tuple(context.axis_names), ndim):
+            if NamedSharding(context, P(*entries)).is_equivalent_to(arg.sharding, ndim):
+                return context, entries
+    raise ShardkitValueError(
+        f"{fname}: inside jit, XLA's partitioner gave x (shape {tuple(arg.shape)}) a sharding "
+        f"that names no mesh ({arg.sharding}): no argument of the jitted function carries one; "
+        f"fix: pass spec= (and mesh= outside jax.set_mesh), or pass the jitted function an "
+        f"array sharded on the mesh."
+    )
+
+
+def _specs(names: tuple[str, ...], ndim: int):
+    """Every PartitionSpec (as entries) of `ndim` dims over mesh axes `names`, fewest axes first."""
+    for used in range(len(names) + 1):
+        for axes in itertools.permutations(names, used):
+            for dims in itertools.product(range(ndim), repeat=used):
+                entries: list[list[str]] = [[] for _ in range(ndim)]
+                for a, d in zip(axes, dims, strict=True):
+                    entries[d].append(a)
+                yield L.normalize(P(*(tuple(e) or None for e in entries)), ndim)
 
 
 def linear(op: Callable, adjoint: Callable[[], Callable]) -> Callable:
