@@ -74,6 +74,11 @@ def test_jit_without_spec_equals_numpy_and_the_eager_layout(case, layout, norm):
     counts = collective_counts(compiled.as_text())
     assert counts.get("all-gather", 0) == 0, counts  # x is never gathered
     assert counts.get("all-to-all", 0) >= 1, counts  # the distributed transform ran
+    # the same per-shard program as with spec=: the same collectives and temporaries
+    given = jax.jit(lambda a: fwd(a, layout=layout, norm=norm, spec=spec)).lower(x).compile()
+    assert collective_counts(given.as_text()) == counts
+    memory = compiled.memory_analysis().temp_size_in_bytes
+    assert memory <= given.memory_analysis().temp_size_in_bytes + 1024, memory
 
     x2 = jax.jit(lambda b: inv(b, layout=layout, norm=norm))(y)
     assert _relerr(x2, host) < 1e-5
