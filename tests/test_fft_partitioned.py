@@ -264,3 +264,14 @@ def test_no_argument_carries_the_mesh_under_set_mesh():
     want[0, 0, 0] = 16 * 8 * 8
     assert _relerr(y, want) < 1e-6
     assert y.sharding.spec == P(None, "x", "y")
+
+
+def test_explicit_axes_are_read_not_partitioned():
+    # on Explicit axes the traced sharding is known: all None means replicated, an error now,
+    # not a compile-time surprise
+    mesh = jax.make_mesh((2, 4), ("x", "y"), axis_types=(AxisType.Explicit,) * 2)
+    x = jax.device_put(_data((16, 8, 8)), NamedSharding(mesh, P()))
+    with jax.set_mesh(mesh), pytest.raises(
+        ValueError, match=r"pfft3d: x \(shape \(16, 8, 8\)\) is replicated over mesh axes 'x' "
+                          r"\(size 2\), 'y' \(size 4\).*fix: shard it first"):  # fmt: skip
+        jax.jit(skfft.pfft3d)(x)

@@ -172,6 +172,12 @@ def _unknown_layout(x: Any, mesh: Any, fname: str) -> str:
         )
     names = [a for a, n in sizes.items() if n > 1][:2] or list(sizes)[:1]
     example = "P(" + ", ".join(repr(a) for a in names) + ")"
+    if AxisType.Explicit in tuple(getattr(mesh, "axis_types", ())):
+        return (
+            f"{fname}: {arg} (shape {shape}) is replicated over mesh axes {axes} (its spec is "
+            f"all None), so there is nothing to distribute; fix: shard it first, e.g. "
+            f"{arg} = jax.sharding.reshard({arg}, {example}), or use jnp.fft on a replicated array."
+        )
     return (
         f"{fname}: {arg} (shape {shape}) is a traced value on Auto mesh axes {axes}, and JAX "
         f"does not tell a traced value's sharding on Auto axes (only on Explicit ones); fix: "

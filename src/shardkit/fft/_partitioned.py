@@ -38,11 +38,13 @@ Plan = Callable[[Any, tuple], tuple[Callable, P, P]]
 
 def applies(x: Any, spec: P | None) -> bool:
     """Whether `x`'s layout is left to XLA's partitioner: a traced value with no readable
-    sharding, no `spec=` given, outside `jax.shard_map` (whose Manual axes have no partitioner)."""
+    sharding and no `spec=`, on Auto mesh axes only (on Explicit ones the sharding is readable,
+    so none means replicated; `jax.shard_map`'s Manual axes have no partitioner)."""
     if spec is not None or not isinstance(x, jax.core.Tracer) or L.spec_of(x) is not None:
         return False
-    context = jax.sharding.get_abstract_mesh()
-    return AxisType.Manual not in tuple(getattr(context, "axis_types", ()))
+    meshes = (jax.sharding.get_abstract_mesh(), jax.typeof(x).sharding.mesh)
+    types = {t for m in meshes for t in tuple(getattr(m, "axis_types", ()))}
+    return not types & {AxisType.Manual, AxisType.Explicit}
 
 
 def moved_rule(in_shape: tuple, out_shape: tuple, moves: dict[int, int]) -> tuple[str, dict]:
