@@ -1,4 +1,4 @@
-"""Complex transforms inside jit on Auto mesh axes without spec=: XLA's partitioner lays x out.
+"""Transforms inside jit on Auto mesh axes without spec=: XLA's partitioner lays x out.
 
 Each result is checked against numpy and against the eager transform of the same array (whose
 sharding shardkit reads directly); the compiled program must not gather the operand.

@@ -24,6 +24,9 @@ leaves X in chunks of at most `_dft.MAX_M` points, the FFT over X runs where the
 two matmuls (`_dft`), and the inverse starts the same way. Each all-to-all sends its chunks
 along a leading chunk dim (`exchange`), so XLA makes one copy before it (chunking) and one after
 it (reassembly and rotation together) instead of a slice copy, a concatenate and a transpose.
+
+Inside `jit` on Auto mesh axes, where a traced input's sharding is chosen only when XLA's
+partitioner runs, the same per-shard program runs as a custom-partitioned op (`_partitioned`).
 """
 
 from __future__ import annotations
