@@ -123,3 +123,19 @@ def test_vmap_on_auto_axes_inside_jit_without_spec():
     assert ys.sharding.is_equivalent_to(NamedSharding(mesh, P("b", None, "x", "y")), 4)
     with pytest.raises(ValueError, match=r"prfft3d: x \(shape \(4, 16, 8, 12\)\).*spec="):
         jax.jit(jax.vmap(skfft.prfft3d))(xs.real)
+
+
+@pytest.mark.parametrize("axis_type", [AxisType.Auto, AxisType.Explicit], ids=["auto", "explicit"])
+def test_vmap_batched_fftn_keeps_the_batch_sharding(axis_type):
+    # the mapped dim is one more leading dim of the batch transform (it raised on both kinds)
+    mesh = _mesh(axis_type)
+    host = _data(SHAPE, complex_=False)
+    xs = jax.device_put(host, NamedSharding(mesh, P("b", ("x", "y"))))
+    fn = jax.vmap(lambda a: skfft.batched_fftn(a, axes=(1, 2), norm="ortho"))
+    with jax.set_mesh(mesh):
+        ys = jax.jit(fn)(xs)
+        back = jax.vmap(lambda b: skfft.batched_ifftn(b, axes=(-2, -1), norm="ortho"))(ys)
+    assert _relerr(ys, np.fft.fftn(host.astype(np.float64), axes=(2, 3), norm="ortho")) < TOL
+    assert ys.sharding.is_equivalent_to(xs.sharding, 4)
+    assert _relerr(back, host) < TOL
+    assert back.sharding.is_equivalent_to(xs.sharding, 4)

@@ -20,6 +20,7 @@ from jaxtyping import Array, Complex, Num
 from shardkit.errors import ShardkitValueError
 from shardkit.fft import _layout as L
 from shardkit.fft import _partitioned as PT
+from shardkit.fft import _vmap as V
 
 
 def _body(axes: tuple, inverse: bool, norm):
@@ -46,6 +47,10 @@ def _run(x, axes, norm, spec, mesh, inverse, fname):
                 f"{tuple(x.shape)}); fix: pass dims between {-ndim} and {ndim - 1}."
             )
     axes = tuple(sorted({ax % ndim for ax in axes}))
+    if V.is_mapped(x):  # under jax.vmap: one program over the whole batch, mapped dim first
+        shifted = tuple(ax + 1 for ax in axes)
+        run = lambda a, spec, mesh: _run(a, shifted, norm, spec, mesh, inverse, fname)  # noqa: E731
+        return V.call_batched(run, x, spec, mesh, jax.ShapeDtypeStruct(tuple(x.shape), dtype))
     if PT.applies(x, spec):  # inside jit on Auto axes: XLA's partitioner lays x out
         return _partitioned(tuple(x.shape), axes, norm, inverse, fname)(x.astype(dtype))
     mesh, entries = L.resolve(x, spec, mesh, fname)
