@@ -81,8 +81,7 @@ def _partitioned(shape: tuple, axes: tuple, norm, inverse: bool, fname: str):
         return _body(axes, inverse, norm), P(*entries), P(*entries)
 
     def adjoint():
-        other = _partitioned(shape, axes, PT.ADJOINT_NORM[norm], not inverse, fname)
-        return lambda ct: jnp.conj(other(jnp.conj(ct)))
+        return PT.conjugated(_partitioned(shape, axes, PT.ADJOINT_NORM[norm], not inverse, fname))
 
     def reference(a):  # the transform on one device
         return PT.fft(a, axes, norm, inverse)

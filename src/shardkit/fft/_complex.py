@@ -257,7 +257,7 @@ def forward(x, *, k, norm, layout, spec, mesh, fname):
         run = functools.partial(forward, k=k, norm=norm, layout=layout, fname=fname)
         return V.call_batched(run, x, spec, mesh, jax.ShapeDtypeStruct(shape, dtype))
     if PT.applies(x, spec):  # inside jit on Auto axes: XLA's partitioner lays x out
-        return _by_partitioner(x.astype(dtype), k, norm, layout, inverse=False, fname=fname)
+        return _partitioned(tuple(x.shape), k, norm, layout, False, fname)(x.astype(dtype))
     mesh, entries = L.resolve(x, spec, mesh, fname)
     entries = _validated(
         tuple(x.shape), entries, k, mesh, inverse=False, layout=layout, fname=fname
@@ -277,12 +277,6 @@ def _validated(shape: tuple, entries: tuple, k: int, mesh, *, inverse, layout, f
     L.check_fft_entries(entries, mesh, k, fname)
     _check_splits(shape, entries, k, mesh, fname)
     return entries
-
-
-def _by_partitioner(x, k: int, norm, layout: str, *, inverse: bool, fname: str):
-    """The transform of a traced `x` on Auto mesh axes whose sharding XLA's partitioner
-    chooses at compile time (`_partitioned`), differentiable in reverse mode."""
-    return _partitioned(tuple(x.shape), k, norm, layout, inverse, fname)(x)
 
 
 @functools.lru_cache(maxsize=64)  # one op per signature: eager calls then hit jit's cache
@@ -310,8 +304,9 @@ def _partitioned(shape: tuple, k: int, norm, layout: str, inverse: bool, fname: 
         return _local(ins, k, dict(mesh.shape), inverse=inverse, layout=layout, norm=norm)
 
     def adjoint():
-        other = _partitioned(out_shape, k, PT.ADJOINT_NORM[norm], layout, not inverse, fname)
-        return lambda ct: jnp.conj(other(jnp.conj(ct)))
+        return PT.conjugated(
+            _partitioned(out_shape, k, PT.ADJOINT_NORM[norm], layout, not inverse, fname)
+        )
 
     rule = PT.moved_rule(shape, out_shape, moves)
     return PT.linear(PT.op(plan=plan, reference=reference, rule=rule, fname=fname), adjoint)
@@ -349,7 +344,7 @@ def inverse(y, *, k, norm, layout, spec, mesh, fname):
         run = functools.partial(inverse, k=k, norm=norm, layout=layout, fname=fname)
         return V.call_batched(run, y, spec, mesh, jax.ShapeDtypeStruct(shape, dtype))
     if PT.applies(y, spec):  # inside jit on Auto axes: XLA's partitioner lays y out
-        return _by_partitioner(y, k, norm, layout, inverse=True, fname=fname)
+        return _partitioned(tuple(y.shape), k, norm, layout, True, fname)(y)
     mesh, spec_entries = L.resolve(y, spec, mesh, fname)
     entries = _validated(
         tuple(y.shape), spec_entries, k, mesh, inverse=True, layout=layout, fname=fname

@@ -35,7 +35,7 @@ def _twiddle(n: int, m: int, sign: int) -> np.ndarray:
     return np.exp(sign * 2j * np.pi * np.outer(np.arange(n), np.arange(m)) / (n * m))
 
 
-def _scale(norm: str | None, size: int, inverse: bool) -> float:
+def norm_factor(norm: str | None, size: int, inverse: bool) -> float:
     """The factor `numpy.fft` applies for `norm` to a transform of `size` points."""
     if norm == "ortho":
         return 1.0 / np.sqrt(size)
@@ -47,7 +47,7 @@ def _scale(norm: str | None, size: int, inverse: bool) -> float:
 def forward_gathered(t: jax.Array, nb: int, norm: str | None) -> jax.Array:
     """FFT over X of a received block `t[j, *batch(nb), x2, *rest]` -> `y[*batch, KX, *rest]`."""
     n, m = t.shape[0], t.shape[nb + 1]
-    scale = _scale(norm, n * m, inverse=False)
+    scale = norm_factor(norm, n * m, inverse=False)
     # per x2, F_n with the twiddle folded in: h[x2, k1, j]
     h = (_dft(n, -1)[:, :, None] * _twiddle(n, m, -1)[:, None, :]).transpose(2, 0, 1) * scale
     hi = jax.lax.Precision.HIGHEST
@@ -63,7 +63,7 @@ def inverse_to_chunks(y: jax.Array, n: int, nb: int, norm: str | None) -> jax.Ar
     """Inverse FFT over the leading FFT dim of `y[*batch, KX, *rest]`, returned as chunks to
     send, `t[j, *batch, x2, *rest]` with x = j*m + x2 (`n` chunks)."""
     m = y.shape[nb] // n
-    scale = _scale(norm, n * m, inverse=True)
+    scale = norm_factor(norm, n * m, inverse=True)
     # per k1, F_m^* with the twiddle folded in: g[k1, k2, x2]
     g = _dft(m, 1)[None, :, :] * _twiddle(n, m, 1)[:, None, :] * scale
     hi = jax.lax.Precision.HIGHEST

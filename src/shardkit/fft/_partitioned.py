@@ -29,6 +29,7 @@ from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from shardkit.errors import ShardkitValueError
+from shardkit.fft import _dft as D
 from shardkit.fft import _layout as L
 
 # plan(mesh, entries) -> (per-shard body, in_spec, out_spec); raises ShardkitValueError when the
@@ -82,8 +83,7 @@ def kept_rule(ndim: int, whole: tuple[int, ...]) -> tuple[str, dict]:
     return f"{factors} -> {factors}", {"need_replication_factors": tuple(f"d{d}" for d in whole)}
 
 
-# The norm whose transform in the other direction scales as `norm` does in this one: a DFT's
-# matrix is symmetric, so the VJP of a transform is conj(other(conj(ct))) with this norm.
+# The norm whose transform in the other direction scales as `norm` does in this one (`conjugated`).
 ADJOINT_NORM = {None: "forward", "backward": "forward", "ortho": "ortho", "forward": "backward"}
 
 
@@ -91,10 +91,16 @@ def fft(a: jax.Array, axes: tuple[int, ...], norm: str | None, inverse: bool) ->
     """`jnp.fft.fftn` (or `ifftn`) on one device, its scale a Python number: a custom op's
     reference may hold no array constants, which `jnp.fft`'s `norm=` makes in some versions."""
     n = math.prod(a.shape[d] for d in axes)
-    scale = {None: 1.0, "backward": 1.0, "ortho": n**-0.5, "forward": 1.0 / n}[norm]
-    if inverse:
-        return jnp.fft.ifftn(a, axes=axes) * (1.0 / scale)  # ifftn divides by n already
-    return jnp.fft.fftn(a, axes=axes) * scale
+    if inverse:  # ifftn divides by n already
+        return jnp.fft.ifftn(a, axes=axes) * float(n * D.norm_factor(norm, n, inverse=True))
+    return jnp.fft.fftn(a, axes=axes) * float(D.norm_factor(norm, n, inverse=False))
+
+
+def conjugated(other: Callable) -> Callable:
+    """`ct -> conj(other(conj(ct)))`: the VJP of a transform whose adjoint is `other` (the
+    transform the other way, with norm `ADJOINT_NORM[norm]`), since a DFT's matrix is
+    symmetric."""
+    return lambda ct: jnp.conj(other(jnp.conj(ct)))
 
 
 def op(

@@ -71,8 +71,8 @@ def _step(x, *, mesh, entries, forward):
     return jax.shard_map(body, mesh=mesh, in_specs=in_spec, out_specs=out_spec)(x)
 
 
-def _validated(shape: tuple, entries: tuple, mesh, forward: bool, fname: str) -> tuple:
-    """Checks that one step can run on an input of `shape` sharded `entries`; returns them."""
+def _check(shape: tuple, entries: tuple, mesh, forward: bool, fname: str) -> None:
+    """Raises ValueError unless one step can run on an input of `shape` sharded `entries`."""
     L.check_fft_entries(entries, mesh, 3, fname)
     nb = len(entries) - 3
     split_by = entries[nb + 1] if forward else entries[nb]
@@ -86,7 +86,6 @@ def _validated(shape: tuple, entries: tuple, mesh, forward: bool, fname: str) ->
         fname,
         f"the all-to-all splits the whole last dim over the mesh axis of dim {nb + int(forward)}",
     )
-    return entries
 
 
 @functools.lru_cache(maxsize=64)  # one op per signature: eager calls then hit jit's cache
@@ -99,7 +98,7 @@ def _partitioned(shape: tuple, forward: bool, fname: str):
     out_shape = tuple(shape[p] for p in perm)
 
     def plan(mesh, entries):
-        entries = _validated(shape, entries, mesh, forward, fname)
+        _check(shape, entries, mesh, forward, fname)
         return _local(entries, dict(mesh.shape), forward)
 
     rule = PT.moved_rule(shape, out_shape, {nb: nb + 1, nb + 1: nb})  # the two axes swap dims
@@ -117,7 +116,7 @@ def _transpose(x, *, forward: bool, spec, mesh, fname: str):
     if PT.applies(x, spec):  # inside jit on Auto axes: XLA's partitioner lays x out
         return _partitioned(tuple(x.shape), forward, fname)(x)
     mesh, entries = L.resolve(x, spec, mesh, fname)
-    entries = _validated(tuple(x.shape), entries, mesh, forward, fname)
+    _check(tuple(x.shape), entries, mesh, forward, fname)
     return _step(x, mesh=mesh, entries=entries, forward=forward)
 
 
