@@ -41,8 +41,10 @@ from jaxtyping import Array, Complex, Num
 
 from shardkit.errors import ShardkitValueError
 from shardkit.fft import _dft as D
+from shardkit.fft import _exchange as E
 from shardkit.fft import _layout as L
 from shardkit.fft import _partitioned as PT
+from shardkit.fft import _pencil as PE
 from shardkit.fft import _vmap as V
 
 
@@ -54,76 +56,6 @@ def _steps(entries: tuple, k: int, mesh_shape: dict[str, int]) -> list[tuple[int
     nb = len(entries) - k
     fft = entries[nb:]
     return [(i, fft[i]) for i in range(k - 2, -1, -1) if L.entry_size(fft[i], mesh_shape) > 1]
-
-
-def trailing_order(order: list[int], dims: list[int]) -> list[int]:
-    """The FFT-dim storage order after bringing `dims` to the trailing local positions.
-
-    One dim is brought last by rotating the order (the dims after it move to the front), so a
-    pencil step ends in the rolled (transposed) layout; several dims keep their relative order.
-    """
-    if set(order[len(order) - len(dims) :]) == set(dims):
-        return list(order)
-    if len(dims) == 1:
-        p = order.index(dims[0])
-        return order[p + 1 :] + order[: p + 1]
-    return [d for d in order if d not in dims] + [d for d in order if d in dims]
-
-
-def to_trailing(blk: jax.Array, order: list[int], dims: list[int], nb: int):
-    """Transposes the FFT dims of `blk` so that `dims` are the trailing local dims.
-
-    `order[p]` is the FFT dim stored at local position `nb + p`; returns the new block and order
-    (see `trailing_order`).
-    """
-    new = trailing_order(order, dims)
-    if new == order:
-        return blk, order
-    perm = list(range(nb)) + [nb + order.index(d) for d in new]
-    return jnp.transpose(blk, perm), new
-
-
-def exchange(blk, axis, n: int, order: list[int], split: int, concat: int, new: list[int], nb: int):
-    """All-to-all over mesh axis `axis` (`n` shards): splits FFT dim `split`, gathers `concat`.
-
-    Returns the block with its FFT dims stored in order `new`. Equal to a tiled
-    `lax.all_to_all` followed by a transpose to `new`, but the chunk index is made the leading
-    dim first: XLA then fuses the chunking into one copy before the collective and the
-    reassembly with the transpose into one copy after it (a tiled all-to-all on a minor dim
-    costs a slice copy, a concatenate and the transpose: one full pass over the shard more).
-    """
-    return reassemble(send(blk, axis, n, order, split, order, nb), order, concat, new, nb)
-
-
-def send(blk, axis, n: int, order: list[int], split: int, out: list[int], nb: int):
-    """Splits FFT dim `split` into `n` chunks and swaps them over mesh axis `axis`.
-
-    Returns `t[j, ..]`, the chunk that came from shard j, its FFT dims stored in order `out`.
-    The chunking and the reordering are one copy before the collective.
-    """
-    ps = nb + order.index(split)
-    shape = blk.shape
-    t = blk.reshape(shape[:ps] + (n, shape[ps] // n) + shape[ps + 1 :])
-    where = {d: nb + p + (p >= order.index(split)) for p, d in enumerate(order)}
-    t = jnp.transpose(t, [ps] + list(range(nb)) + [where[d] for d in out])
-    return swap(t, axis)
-
-
-def swap(t, axis):
-    """Sends chunk `t[j]` to shard j of mesh axis `axis`; returns the chunks received."""
-    return jax.lax.all_to_all(t, axis, 0, 0, tiled=True)
-
-
-def reassemble(t, order: list[int], concat: int, new: list[int], nb: int):
-    """The received chunks `t[j, ..]` (FFT dims stored in `order`) joined along FFT dim
-    `concat` (chunk j is its j-th block) and stored in order `new`: one copy."""
-    perm = list(range(1, nb + 1))
-    sizes = list(t.shape[1 : nb + 1])
-    for d in new:
-        q = nb + 1 + order.index(d)
-        perm += [0, q] if d == concat else [q]
-        sizes.append(t.shape[q] * (t.shape[0] if d == concat else 1))
-    return jnp.transpose(t, perm).reshape(sizes)
 
 
 def _x_by_matmuls(slab: bool, order, x_group: list[int], m: int) -> bool:
@@ -167,11 +99,11 @@ def _run_local(blk, entries, k, mesh_shape, norm, *, inverse: bool, start, end):
     n = L.entry_size(steps.get(0), mesh_shape)  # X's shards (1 when X is whole)
     if inverse and _x_by_matmuls(slab, order, first[0], blk.shape[nb] // n):
         t = D.inverse_to_chunks(blk, n, nb, norm)  # iFFT over X straight into the chunks to send
-        t = swap(t, steps[0])
-        new = trailing_order(order, groups[1][0])
-        blk, order, groups = reassemble(t, order, 1, new, nb), new, groups[1:]
+        t = E.swap(t, steps[0])
+        new = E.trailing_order(order, groups[1][0])
+        blk, order, groups = E.reassemble(t, order, 1, new, nb), new, groups[1:]
     for g, (dims, i) in enumerate(groups):
-        blk, order = to_trailing(blk, order, dims, nb)  # a no-op after an exchange
+        blk, order = E.to_trailing(blk, order, dims, nb)  # a no-op after an exchange
         blk = fft(blk, axes=list(range(blk.ndim - len(dims), blk.ndim)), norm=norm)
         if i is None:
             break
@@ -180,10 +112,10 @@ def _run_local(blk, entries, k, mesh_shape, norm, *, inverse: bool, start, end):
         m = blk.shape[nb + order.index(concat)]
         if not inverse and _x_by_matmuls(slab, end, groups[-1][0], m):
             # X arrives in chunks already in natural order: the FFT over X by matmuls
-            t = send(blk, steps[i], n, order, split, natural, nb)
+            t = E.send(blk, steps[i], n, order, split, natural, nb)
             return D.forward_gathered(t, nb, norm)
-        new = trailing_order(order, groups[g + 1][0])
-        blk, order = exchange(blk, steps[i], n, order, split, concat, new, nb), new
+        new = E.trailing_order(order, groups[g + 1][0])
+        blk, order = E.exchange(blk, steps[i], n, order, split, concat, new, nb), new
     if order != list(end):
         perm = list(range(nb)) + [nb + order.index(d) for d in end]
         blk = jnp.transpose(blk, perm)
@@ -214,6 +146,9 @@ def _local(entries: tuple, k: int, mesh_shape: dict, *, inverse: bool, layout: s
     start, end = (spectrum, natural) if inverse else (natural, spectrum)
 
     def body(blk):
+        if PE.applies(blk.shape, entries, k, mesh_shape, inverse=inverse, layout=layout):
+            run = PE.inverse if inverse else PE.forward
+            return run(blk, entries, mesh_shape, layout=layout, norm=norm)
         return _run_local(blk, entries, k, mesh_shape, norm, inverse=inverse, start=start, end=end)
 
     return (body, out_spec, in_spec) if inverse else (body, in_spec, out_spec)

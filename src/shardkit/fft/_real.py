@@ -29,7 +29,8 @@ from jaxtyping import Array, Complex, Float
 from shardkit.errors import ShardkitTypeError, ShardkitValueError
 from shardkit.fft import _layout as L
 from shardkit.fft import _vmap as V
-from shardkit.fft._complex import exchange, roll, to_trailing, trailing_order
+from shardkit.fft._complex import roll
+from shardkit.fft._exchange import exchange, to_trailing, trailing_order
 
 
 def _kind(a, b, mesh_shape) -> str:

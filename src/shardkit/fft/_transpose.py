@@ -38,7 +38,8 @@ from jaxtyping import Array, Shaped
 from shardkit.fft import _layout as L
 from shardkit.fft import _partitioned as PT
 from shardkit.fft import _vmap as V
-from shardkit.fft._complex import exchange, roll, to_trailing, trailing_order
+from shardkit.fft._complex import roll
+from shardkit.fft._exchange import exchange, to_trailing, trailing_order
 
 
 def _out_entries(entries: tuple) -> tuple:
