@@ -25,6 +25,11 @@ two matmuls (`_dft`), and the inverse starts the same way. Each all-to-all sends
 along a leading chunk dim (`exchange`), so XLA makes one copy before it (chunking) and one after
 it (reassembly and rotation together) instead of a slice copy, a concatenate and a transpose.
 
+A forward 3-D pencil whose X divides by a * b takes a route with fewer local transposes
+(`_pencil`): one all-to-all over b that splits X and gathers Y, a local 2-D FFT over Y and Z,
+then one all-to-all over both mesh axes that gathers X, in the same output layouts. The data
+movement helpers live in `_exchange`.
+
 Inside `jit` on Auto mesh axes, where a traced input's sharding is chosen only when XLA's
 partitioner runs, the same per-shard program runs as a custom-partitioned op (`_partitioned`).
 """
@@ -146,9 +151,8 @@ def _local(entries: tuple, k: int, mesh_shape: dict, *, inverse: bool, layout: s
     start, end = (spectrum, natural) if inverse else (natural, spectrum)
 
     def body(blk):
-        if PE.applies(blk.shape, entries, k, mesh_shape, inverse=inverse, layout=layout):
-            run = PE.inverse if inverse else PE.forward
-            return run(blk, entries, mesh_shape, layout=layout, norm=norm)
+        if not inverse and PE.applies(blk.shape, entries, k, mesh_shape):
+            return PE.forward(blk, entries, mesh_shape, layout=layout, norm=norm)
         return _run_local(blk, entries, k, mesh_shape, norm, inverse=inverse, start=start, end=end)
 
     return (body, out_spec, in_spec) if inverse else (body, in_spec, out_spec)

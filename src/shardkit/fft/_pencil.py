@@ -1,7 +1,7 @@
 """The 3-D pencil route: gather Y, one local 2-D FFT over Y and Z, then gather X over both axes.
 
 With the FFT dims sharded `x[X_a, Y_b, Z]` over two mesh axes of size > 1, and X dividing by
-a * b, the complex pencil transforms run
+a * b, the forward complex pencil transforms run
 
     all-to-all over b (split X, gather Y)           ->  x[X_ab, Y, Z]     2-D FFT over Y and Z
     all-to-all over (a, b) (split Y over a and
@@ -18,7 +18,11 @@ transpose that moves the minor dim of a complex shard costs about 2.8 plain copi
 
 Traffic: the all-to-all over (a, b) sends (a - 1)/a of the shard across mesh axis a, as the
 per-axis route's all-to-all over a does, and (b - 1)/(a*b) of the shard more within mesh axis b.
-The inverse runs the same steps backwards and returns the input layout exactly.
+
+The inverse transforms keep the per-axis route. Run backwards, this route's transposes land
+before the all-to-alls instead of after them, and on 8 CPU devices its inverse measured 5-15 %
+slower than the per-axis one at 256^3 (within noise at 128^3), which also moves fewer bytes.
+Both routes lay the spectrum out alike, so either inverse undoes either forward transform.
 """
 
 from __future__ import annotations
@@ -38,18 +42,13 @@ def _axes(entries: tuple, mesh_shape: dict[str, int]) -> tuple[tuple, tuple[int,
     return (ea, eb), (L.entry_size(ea, mesh_shape), L.entry_size(eb, mesh_shape))
 
 
-def applies(shape: tuple, entries: tuple, k: int, mesh_shape: dict, *, inverse, layout) -> bool:
-    """Whether a local block of `shape` (the argument of the per-shard program of a transform of
-    an input sharded `entries`) takes this route: a 3-D pencil whose X divides by a * b."""
+def applies(shape: tuple, entries: tuple, k: int, mesh_shape: dict) -> bool:
+    """Whether the forward transform of a local block of `shape`, sharded `entries`, takes this
+    route: a 3-D pencil whose X divides by a * b."""
     if k != 3:
         return False
     _, (a, b) = _axes(entries, mesh_shape)
-    if a == 1 or b == 1:
-        return False
-    nb = len(shape) - 3
-    where = nb if not inverse or layout == "natural" else len(shape) - 1
-    x = shape[where] * (a if not inverse else 1)  # X's global size
-    return x % (a * b) == 0
+    return a > 1 and b > 1 and shape[len(shape) - 3] % b == 0  # X = a * shape[nb]
 
 
 def _pack(blk, nb: int, a: int, b: int):
@@ -58,15 +57,6 @@ def _pack(blk, nb: int, a: int, b: int):
     t = blk.reshape(*batch, xl, a, y // a, b, z // b)
     perm = [nb + 1, nb + 3, *range(nb), nb, nb + 2, nb + 4]
     return jnp.transpose(t, perm).reshape(a * b, *batch, xl, y // a, z // b)
-
-
-def _unpack(t, nb: int, a: int, b: int):
-    """The inverse of `_pack`: `[a*b, *B, x2, Y/a, Z/b]` -> `[*B, x2, Y, Z]`."""
-    rest = t.shape[1:]
-    t = t.reshape(a, b, *rest)
-    perm = [*range(2, nb + 2), nb + 2, 0, nb + 3, 1, nb + 4]
-    xl, ya, zb = rest[nb:]
-    return jnp.transpose(t, perm).reshape(*rest[:nb], xl, a * ya, b * zb)
 
 
 def forward(blk, entries: tuple, mesh_shape: dict, *, layout: str, norm):
@@ -81,19 +71,3 @@ def forward(blk, entries: tuple, mesh_shape: dict, *, layout: str, norm):
         return D.forward_gathered(t, nb, norm)
     y = jnp.fft.fft(E.reassemble(t, _NATURAL, 0, [1, 2, 0], nb), axis=-1, norm=norm)
     return y if layout == "transposed" else jnp.moveaxis(y, -1, nb)
-
-
-def inverse(y, entries: tuple, mesh_shape: dict, *, layout: str, norm):
-    """Local body of the inverse: the spectrum `y[*B, KX, KY_a, KZ_b]` (or `[*B, KY_a, KZ_b,
-    KX]` in the transposed layout) back to `[*B, X_a, Y_b, Z]`."""
-    (ea, eb), (a, b) = _axes(entries, mesh_shape)
-    nb = y.ndim - 3
-    both = L.entry_names(ea) + L.entry_names(eb)
-    if layout == "natural" and y.shape[nb] // (a * b) <= D.MAX_M:
-        t = E.swap(D.inverse_to_chunks(y, a * b, nb, norm), both)
-    else:
-        y = y if layout == "transposed" else jnp.moveaxis(y, nb, -1)
-        y = jnp.fft.ifft(y, axis=-1, norm=norm)  # [*B, Y_a, Z_b, X]
-        t = E.send(y, both, a * b, [1, 2, 0], 0, _NATURAL, nb)
-    blk = jnp.fft.ifftn(_unpack(t, nb, a, b), axes=(nb + 1, nb + 2), norm=norm)
-    return E.exchange(blk, eb, b, _NATURAL, 1, 0, _NATURAL, nb)  # [*B, X_a, Y_b, Z]
