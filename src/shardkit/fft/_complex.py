@@ -313,8 +313,9 @@ def pfft3d(
 
     The input `x[..., X_a, Y_b, Z]` is sharded over one or two mesh axes on its first two FFT
     dims (the last must be whole). With two mesh axes of size > 1 this is a pencil transform
-    (two all-to-alls, each within one mesh axis); with one (a 1-D mesh, a mesh axis of size 1,
-    or `P('x')`) a slab transform (one all-to-all and a local 2-D FFT). Leading dims are batch
+    (two all-to-alls: over b, then over both mesh axes when X divides by a * b, else over each
+    mesh axis in turn; docs/fft.md); with one (a 1-D mesh, a mesh axis of size 1, or `P('x')`)
+    a slab transform (one all-to-all and a local 2-D FFT). Leading dims are batch
     dims and keep their sharding. The whole transform is one jitted program; inside a user's
     `jit` it is inlined.
 
