@@ -133,13 +133,6 @@ def natural_entries(entries: tuple, k: int) -> tuple:
     return entries[:nb] + (None,) + entries[nb : len(entries) - 1]
 
 
-def roll(seq: tuple, k: int, shift: int) -> tuple:
-    """Rolls the trailing `k` items of `seq` left by `shift`."""
-    nb = len(seq) - k
-    tail = seq[nb:]
-    return seq[:nb] + tail[shift:] + tail[:shift]
-
-
 def _local(entries: tuple, k: int, mesh_shape: dict, *, inverse: bool, layout: str, norm):
     """The per-shard program of a transform of an input sharded `entries`: (body, in_spec,
     out_spec), where the specs are those of the body's argument and result."""
@@ -192,7 +185,7 @@ def forward(x, *, k, norm, layout, spec, mesh, fname):
     L.check_rank(x, k, fname)
     dtype = L.complex_dtype(x.dtype, fname, allow_real=True)
     if V.is_mapped(x):  # under jax.vmap: one program over the whole batch
-        shape = tuple(x.shape) if layout == "natural" else roll(tuple(x.shape), k, 1)
+        shape = tuple(x.shape) if layout == "natural" else L.roll(tuple(x.shape), k, 1)
         run = functools.partial(forward, k=k, norm=norm, layout=layout, fname=fname)
         return V.call_batched(run, x, spec, mesh, jax.ShapeDtypeStruct(shape, dtype))
     if PT.applies(x, spec):  # inside jit on Auto axes: XLA's partitioner lays x out
@@ -212,7 +205,7 @@ def _validated(shape: tuple, entries: tuple, k: int, mesh, *, inverse, layout, f
     if inverse:
         entries = original_entries(entries, k, layout, fname)
         if layout == "transposed":
-            shape = roll(shape, k, -1)
+            shape = L.roll(shape, k, -1)
     L.check_fft_entries(entries, mesh, k, fname)
     _check_splits(shape, entries, k, mesh, fname)
     return entries
@@ -224,7 +217,7 @@ def _partitioned(shape: tuple, k: int, norm, layout: str, inverse: bool, fname: 
     transform the other way (`PT.ADJOINT_NORM`), which maps the cotangent back to the
     argument's layout."""
     nb = len(shape) - k
-    out_shape = shape if layout == "natural" else roll(shape, k, -1 if inverse else 1)
+    out_shape = shape if layout == "natural" else L.roll(shape, k, -1 if inverse else 1)
     shift = int(layout == "natural")  # FFT dim i's mesh axis moves to dim i + shift
     moves = {nb + i: nb + i + shift for i in range(k - 1)}
     if inverse:
@@ -279,7 +272,7 @@ def inverse(y, *, k, norm, layout, spec, mesh, fname):
     L.check_rank(y, k, fname)
     dtype = L.complex_dtype(y.dtype, fname, allow_real=False)
     if V.is_mapped(y):  # under jax.vmap: one program over the whole batch
-        shape = tuple(y.shape) if layout == "natural" else roll(tuple(y.shape), k, -1)
+        shape = tuple(y.shape) if layout == "natural" else L.roll(tuple(y.shape), k, -1)
         run = functools.partial(inverse, k=k, norm=norm, layout=layout, fname=fname)
         return V.call_batched(run, y, spec, mesh, jax.ShapeDtypeStruct(shape, dtype))
     if PT.applies(y, spec):  # inside jit on Auto axes: XLA's partitioner lays y out
@@ -298,7 +291,7 @@ def layout_of(shape: tuple, entries: tuple, k: int, layout: str) -> L.SpectralLa
     axes = tuple(range(len(shape)))
     if layout == "natural":
         return L.SpectralLayout(tuple(shape), P(*natural_entries(entries, k)), axes)
-    return L.SpectralLayout(roll(tuple(shape), k, 1), P(*entries), roll(axes, k, 1))
+    return L.SpectralLayout(L.roll(tuple(shape), k, 1), P(*entries), L.roll(axes, k, 1))
 
 
 def pfft3d(

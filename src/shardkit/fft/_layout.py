@@ -60,6 +60,13 @@ def entry_names(entry: Entry) -> tuple[str, ...]:
     return (entry,)
 
 
+def roll(seq: tuple, k: int, shift: int) -> tuple:
+    """Rolls the trailing `k` items of `seq` left by `shift`."""
+    nb = len(seq) - k
+    tail = seq[nb:]
+    return seq[:nb] + tail[shift:] + tail[:shift]
+
+
 def entry_size(entry: Entry, mesh_shape: dict[str, int]) -> int:
     """How many shards a PartitionSpec entry makes of its dim."""
     return math.prod(mesh_shape[n] for n in entry_names(entry))

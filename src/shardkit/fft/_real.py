@@ -29,7 +29,6 @@ from jaxtyping import Array, Complex, Float
 from shardkit.errors import ShardkitTypeError, ShardkitValueError
 from shardkit.fft import _layout as L
 from shardkit.fft import _vmap as V
-from shardkit.fft._complex import roll
 from shardkit.fft._exchange import exchange, to_trailing, trailing_order
 
 
@@ -58,7 +57,7 @@ def _r2c(x, *, mesh, batch, ab, inverse, layout, norm, n, dtype):
     kind = _kind(a, b, dict(mesh.shape))
     in_spec = P(*batch, a, b, None)
     nat = batch + natural_entries(a, b, kind)
-    out_spec = P(*nat) if layout == "natural" else P(*roll(nat, 3, 1))
+    out_spec = P(*nat) if layout == "natural" else P(*L.roll(nat, 3, 1))
     X, Y, Z = nb, nb + 1, nb + 2  # local dim indices of the FFT dims
 
     spectrum = [0, 1, 2] if layout == "natural" else [1, 2, 0]
@@ -153,7 +152,7 @@ def layout_of(shape: tuple, entries: tuple, mesh, layout: str) -> L.SpectralLayo
     axes = tuple(range(len(shape)))
     if layout == "natural":
         return L.SpectralLayout(kshape, P(*nat), axes)
-    return L.SpectralLayout(roll(kshape, 3, 1), P(*roll(nat, 3, 1)), roll(axes, 3, 1))
+    return L.SpectralLayout(L.roll(kshape, 3, 1), P(*L.roll(nat, 3, 1)), L.roll(axes, 3, 1))
 
 
 def prfft3d(
@@ -210,7 +209,7 @@ def prfft3d(
     rdtype = _real_dtype(x.dtype, fname)
     if V.is_mapped(x):  # under jax.vmap: one program over the whole batch
         kshape = tuple(x.shape[:-1]) + (x.shape[-1] // 2 + 1,)
-        kshape = kshape if layout == "natural" else roll(kshape, 3, 1)
+        kshape = kshape if layout == "natural" else L.roll(kshape, 3, 1)
         cdtype = jnp.complex128 if rdtype == jnp.float64 else jnp.complex64
         run = functools.partial(prfft3d, norm=norm, layout=layout)
         return V.call_batched(run, x, spec, mesh, jax.ShapeDtypeStruct(kshape, cdtype))
@@ -290,7 +289,7 @@ def pirfft3d(
     L.check_rank(y, 3, fname)
     cdtype = L.complex_dtype(y.dtype, fname, allow_real=False)
     if V.is_mapped(y):  # under jax.vmap: one program over the whole batch
-        kshape = tuple(y.shape) if layout == "natural" else roll(tuple(y.shape), 3, -1)
+        kshape = tuple(y.shape) if layout == "natural" else L.roll(tuple(y.shape), 3, -1)
         shape = kshape[:-1] + (2 * (kshape[-1] - 1) if n is None else n,)
         rdtype = jnp.float64 if cdtype == jnp.complex128 else jnp.float32
         run = functools.partial(pirfft3d, n=n, norm=norm, layout=layout)
@@ -298,7 +297,7 @@ def pirfft3d(
     mesh, entries = L.resolve(y, spec, mesh, fname)
     kshape = tuple(y.shape)
     if layout == "transposed":
-        entries, kshape = roll(entries, 3, -1), roll(kshape, 3, -1)
+        entries, kshape = L.roll(entries, 3, -1), L.roll(kshape, 3, -1)
     kz = kshape[-1]
     if n is None:
         n = 2 * (kz - 1)

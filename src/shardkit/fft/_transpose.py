@@ -38,7 +38,6 @@ from jaxtyping import Array, Shaped
 from shardkit.fft import _layout as L
 from shardkit.fft import _partitioned as PT
 from shardkit.fft import _vmap as V
-from shardkit.fft._complex import roll
 from shardkit.fft._exchange import exchange, to_trailing, trailing_order
 
 
@@ -111,7 +110,7 @@ def _transpose(x, *, forward: bool, spec, mesh, fname: str):
     """Validates and runs one pencil step (forward: roll the dims right, else left)."""
     L.check_rank(x, 3, fname)
     if V.is_mapped(x):  # under jax.vmap: one program over the whole batch
-        shape = roll(tuple(x.shape), 3, -1 if forward else 1)
+        shape = L.roll(tuple(x.shape), 3, -1 if forward else 1)
         run = functools.partial(_transpose, forward=forward, fname=fname)
         return V.call_batched(run, x, spec, mesh, jax.ShapeDtypeStruct(shape, x.dtype))
     if PT.applies(x, spec):  # inside jit on Auto axes: XLA's partitioner lays x out
