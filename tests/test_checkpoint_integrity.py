@@ -6,8 +6,11 @@ garbled, an empty newer step folder. Each time `restore` refuses the damaged che
 it aside (never deletes it) and restores the newest good one, bit for bit.
 """
 
+import gc
 import json
 import pathlib
+import sys
+import time
 import warnings
 
 import jax
@@ -135,6 +138,34 @@ def test_a_damaged_newest_checkpoint_is_moved_aside_and_the_previous_one_restore
     assert ckpt.all_steps() == [2, 4] and [s for s, _, _ in ckpt.rejected] == [6]
     assert (tmp_path / "ckpt.rejected" / "6").is_dir()  # kept, not deleted
     ckpt.close()
+
+
+def test_a_failed_read_prints_one_error_not_an_echo_per_array(tmp_path, monkeypatch):
+    # orbax closes its asyncio loop when a read fails; the reads still in flight then report to
+    # the closed loop ("Event loop is closed"), which Python prints as unraisable exceptions.
+    seen = []
+    monkeypatch.setattr(sys, "unraisablehook", seen.append)  # the user's hook
+    folder = tmp_path / "ckpt"
+    ckpt = Checkpointer(folder, save_every=2)
+    run(make(), ckpt, 4)
+    _flip(folder / "4")
+    ckpt.close()
+    ckpt = Checkpointer(folder, save_every=2)
+    with pytest.raises(CheckpointCorruptError, match="step 4"):
+        ckpt.restore(make(), step=4)
+    with pytest.warns(CheckpointRejectedWarning, match="step 4"):
+        assert int(ckpt.restore(make()).step) == 2
+    ckpt.close()
+    time.sleep(0.5)  # the failed reads finish on tensorstore's threads
+    gc.collect()
+    assert [repr(a.exc_value) for a in seen] == []
+
+    class Broken:
+        def __del__(self):
+            raise KeyError("any other unraisable exception")
+
+    Broken()  # ... still reaches the user's hook
+    assert [type(a.exc_value) for a in seen] == [KeyError]
 
 
 def test_an_empty_newer_step_folder_does_not_stop_a_resume(tmp_path):

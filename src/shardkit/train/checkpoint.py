@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import math
 import pathlib
+import sys
+import traceback
 import urllib.parse
 import warnings
 from collections.abc import Mapping
@@ -60,6 +62,39 @@ class NonFiniteStateError(ShardkitError, ValueError):
 class CheckpointRejectedWarning(ShardkitError, UserWarning):
     """A checkpoint was not restored as it is: it failed its check (moved aside, an older one
     used instead), or it has no digests to check (written by an earlier shardkit)."""
+
+
+def _is_closed_loop_echo(args: Any) -> bool:
+    """Whether an unraisable exception is a read of a failed orbax restore reporting to the
+    asyncio loop orbax has already closed (tensorstore's threads call `call_soon_threadsafe`)."""
+    error = args.exc_value
+    if not isinstance(error, RuntimeError) or str(error) != "Event loop is closed":
+        return False
+    frames = traceback.extract_tb(args.exc_traceback or error.__traceback__)
+    return any(f.name == "call_soon_threadsafe" for f in frames)
+
+
+def _drop_closed_loop_echoes() -> None:
+    """Makes `sys.unraisablehook` drop the echoes of a failed read (`_is_closed_loop_echo`).
+
+    orbax reads a checkpoint inside an asyncio loop and closes the loop when a read fails; the
+    reads still in flight finish later on tensorstore's threads and report to the closed loop,
+    and Python prints each as "Exception ignored ... RuntimeError: Event loop is closed", up
+    to one per array, even after `restore` has returned. The failure itself is reported once
+    (`CheckpointCorruptError` or the rejection warning), so these echoes are dropped; every
+    other unraisable exception reaches the hook that was in place. Installed once per process
+    (again if the hook has been replaced since) by each `restore`.
+    """
+    previous = sys.unraisablehook
+    if getattr(previous, "_shardkit_drops_closed_loop_echoes", False):
+        return
+
+    def hook(args: Any) -> None:
+        if not _is_closed_loop_echo(args):
+            previous(args)
+
+    hook._shardkit_drops_closed_loop_echoes = True  # type: ignore[attr-defined]
+    sys.unraisablehook = hook
 
 
 def checkpoint_path(directory: str | pathlib.Path | epath.Path) -> epath.Path:
@@ -201,6 +236,7 @@ class Checkpointer:
             CheckpointMismatchError: if the saved tree or shapes differ from the trainer's.
             CheckpointCorruptError: if `step` (or, without it, every checkpoint) fails.
         """
+        _drop_closed_loop_echoes()
         if step is not None:
             return self._restore_checked(self._step(step), trainer)
         self._step(None)  # raises FileNotFoundError when there is none
