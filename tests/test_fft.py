@@ -138,18 +138,19 @@ def test_pfft3d_natural_layout_is_numpy_order_with_sharding_moved():
 @pytest.mark.parametrize(
     "mesh_name, x_size, ffts",
     [
-        ("8", 256, (1, 1)),
-        ("8", 512, (2, 2)),
+        ("8", 1024, (1, 1)),
+        ("8", 2048, (2, 2)),
         ("2x4", 64, (1, 3)),
-        ("2x4", 512, (2, 3)),
+        ("2x4", 1024, (1, 3)),
+        ("2x4", 2048, (2, 3)),
         ("2x4", 20, (3, 3)),
     ],
 )
-def test_natural_layout_does_the_fft_over_x_by_matmuls_up_to_32_point_chunks(
+def test_natural_layout_does_the_fft_over_x_by_matmuls_up_to_128_point_chunks(
     mesh_name, x_size, ffts
 ):
     # The all-to-all that gathers X (a slab's, or a pencil's over both mesh axes) leaves it in
-    # chunks of x_size / 8 points: up to 32 the FFT over X is two matmuls where the chunks lie
+    # chunks of x_size / 8 points: up to 128 the FFT over X is two matmuls where the chunks lie
     # (the program's only FFT op is the one over Y and Z), above it an FFT over a transposed
     # copy. A pencil's inverse, and a pencil whose X does not divide by 8 (20), take the per-axis
     # route: three 1-D FFTs. Forward and inverse program, `ffts` FFT ops each.
@@ -168,6 +169,25 @@ def test_natural_layout_does_the_fft_over_x_by_matmuls_up_to_32_point_chunks(
         text = jax.jit(fn).lower(arg).compile().as_text()
         ops = [ln for ln in text.splitlines() if re.search(r"= c64\[[\d,]+\]\S* fft\(", ln)]
         assert len(ops) == want_ffts, ops
+
+
+@pytest.mark.parametrize("mesh_name", ["8", "2x4"])
+@pytest.mark.parametrize("m", [1, 2, 3, 5, 128])
+@pytest.mark.parametrize("dtype", [np.complex64, np.complex128])
+def test_matmul_fft_over_x_equals_numpy_for_odd_even_and_large_chunks_with_a_batch(
+    mesh_name, m, dtype
+):
+    # chunks of m points after the all-to-all (X = 8m), odd and even m (the forward's real
+    # matmul pairs rows k and m - k), a leading batch dim, both norms that scale
+    mesh, spec, _ = _mesh(mesh_name, AxisType.Explicit)
+    host = _data((2, 8 * m, 8, 8), dtype)
+    with jax.enable_x64(dtype == np.complex128):
+        x = _put(host, mesh, P(None, *spec))
+        for norm in ("ortho", "forward"):
+            want = np.fft.fftn(host.astype(np.complex128), axes=(1, 2, 3), norm=norm)
+            y = skfft.pfft3d(x, norm=norm)
+            assert y.dtype == dtype and _relerr(y, want) < RTOL[dtype]
+            assert _relerr(skfft.pifft3d(y, norm=norm), host) < RTOL[dtype]
 
 
 def test_jnp_fftn_gathers_where_pfft3d_does_not():

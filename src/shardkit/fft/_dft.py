@@ -11,17 +11,26 @@ slab transform. Cooley-Tukey with N = n*m instead splits the sum over x = j*m + 
 for each x2 an n x n matmul over the chunk index with the twiddle folded into its matrix, then
 one m x m matmul over x2 whose result [k2, k1] is natural order: only major dims move. The
 inverse runs the same sums backwards with conjugate matrices and ends with the chunk index
-leading, ready to be sent. The matrices are built in float64 on the host and rounded once; a
-matmul costs m complex multiply-adds per element, so this route is taken for m <= MAX_M only.
+leading, ready to be sent.
+
+The matmuls are real: the data travels as its real and imaginary planes (split in the copies
+that chunk it for the all-to-all, joined in the copy that writes the result), each complex
+matrix acting on them as its real 2 x 2 block form. XLA:CPU runs a real matmul about twice as
+fast as the complex one with the same multiply-adds, and the forward m x m matmul is a real
+m x m one (`_real_dft_rows`): half the multiply-adds again. The matrices are built in float64
+on the host and rounded once. The matmuls cost O(m) per element against the FFT's O(log m),
+so this route is taken for m <= MAX_M only.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-MAX_M = 32  # above it the m x m matmul costs more than the two transposes it saves
+MAX_M = 128  # above it the m x m matmul costs about what the two transposes it saves do
 
 
 def _dft(size: int, sign: int) -> np.ndarray:
@@ -44,33 +53,95 @@ def norm_factor(norm: str | None, size: int, inverse: bool) -> float:
     return 1.0
 
 
+def planes(x: jax.Array) -> jax.Array:
+    """A complex array as its real and imaginary planes, stacked on a new leading dim.
+
+    Written as a select rather than `jnp.stack`, which XLA makes a copy of its own: the select
+    fuses into the copies that chunk the planes for the all-to-all.
+    """
+    shape = (2, *x.shape)
+    first = jax.lax.broadcasted_iota(jnp.int32, shape, 0) == 0
+    return jnp.where(
+        first, jnp.broadcast_to(jnp.real(x), shape), jnp.broadcast_to(jnp.imag(x), shape)
+    )
+
+
+def from_planes(p: jax.Array) -> jax.Array:
+    """The complex array whose real and imaginary planes are `p[0]` and `p[1]`."""
+    return jax.lax.complex(p[0], p[1])
+
+
+def _block(a: np.ndarray, dtype: Any, *, planes_minor: bool) -> np.ndarray:
+    """The real matrix of complex `a[.., r, c]` acting on planar vectors: `[.., 2r, 2c]`, its
+    rows (plane, r) and columns (plane, c), or (r, plane) and (c, plane) if `planes_minor`."""
+    out = np.empty(a.shape[:-2] + (2, a.shape[-2], 2, a.shape[-1]))
+    out[..., 0, :, 0, :], out[..., 0, :, 1, :] = a.real, -a.imag
+    out[..., 1, :, 0, :], out[..., 1, :, 1, :] = a.imag, a.real
+    if planes_minor:
+        out = np.moveaxis(out, (-4, -2), (-3, -1))
+    return out.reshape(a.shape[:-2] + (2 * a.shape[-2], 2 * a.shape[-1])).astype(dtype)
+
+
+def _real_dft_rows(u: jax.Array, precision: Any) -> jax.Array:
+    """The forward DFT over the leading dim of planar `u[x, plane, ..]` -> complex `y[k, ..]`.
+
+    F = C - iS with C, S real, and row m - k of C (S) is row k (minus row k): one real m x m
+    matmul computes the rows `E = C u` for k = 0 .. m//2 and `O = S u` for k = 1 .. (m-1)//2
+    (the other rows of S are zero) over both planes, half the multiply-adds of the complex
+    matmul; the copy that joins the planes into complex numbers forms y[k] = E - iO and
+    y[m - k] = E + iO.
+    """
+    m = u.shape[0]
+    lo, hi = m // 2 + 1, (m - 1) // 2  # rows of E, and of O
+    angle = 2 * np.pi * np.outer(np.arange(m), np.arange(m)) / m
+    w = np.concatenate([np.cos(angle[:lo]), np.sin(angle[1 : hi + 1])]).astype(u.dtype)
+    v = jnp.dot(jnp.asarray(w), u.reshape(m, -1), precision=precision).reshape(u.shape)
+    e, o = v[:lo], v[lo:]
+    re, im = e[1 : hi + 1, 0], e[1 : hi + 1, 1]
+    rows = [
+        jax.lax.complex(e[:1, 0], e[:1, 1]),  # k = 0
+        jax.lax.complex(re + o[:, 1], im - o[:, 0]),  # k = 1 .. (m-1)//2
+        jax.lax.complex(e[hi + 1 :, 0], e[hi + 1 :, 1]),  # k = m/2 for even m
+        jax.lax.complex(re - o[:, 1], im + o[:, 0])[::-1],  # k = m - (m-1)//2 .. m-1
+    ]
+    return jnp.concatenate(rows)
+
+
 def forward_gathered(t: jax.Array, nb: int, norm: str | None) -> jax.Array:
-    """FFT over X of a received block `t[j, *batch(nb), x2, *rest]` -> `y[*batch, KX, *rest]`."""
-    n, m = t.shape[0], t.shape[nb + 1]
+    """FFT over X of the received planar block `t[j, plane, *batch(nb), x2, *rest]` (the real
+    and imaginary planes sent as one more leading dim) -> complex `y[*batch, KX, *rest]`."""
+    n, m = t.shape[0], t.shape[nb + 2]
+    batch, rest = t.shape[2 : nb + 2], t.shape[nb + 3 :]
     scale = norm_factor(norm, n * m, inverse=False)
     # per x2, F_n with the twiddle folded in: h[x2, k1, j]
     h = (_dft(n, -1)[:, :, None] * _twiddle(n, m, -1)[:, None, :]).transpose(2, 0, 1) * scale
     hi = jax.lax.Precision.HIGHEST
-    dims = (((2,), (0,)), ((0,), (nb + 1,)))
-    u = jax.lax.dot_general(jnp.asarray(h, t.dtype), t, dims, precision=hi)
-    # u[x2, k1, *batch, *rest]: one m x m matmul over x2 leaves frequency k1 + n*k2 at [k2, k1]
-    v = jnp.tensordot(jnp.asarray(_dft(m, -1), t.dtype), u, axes=(1, 0), precision=hi)
-    v = jnp.transpose(v, list(range(2, 2 + nb)) + [0, 1] + list(range(2 + nb, v.ndim)))
-    return v.reshape(v.shape[:nb] + (n * m,) + v.shape[nb + 2 :])
+    p = jnp.transpose(t, [nb + 2, 1, 0, *range(2, nb + 2), *range(nb + 3, t.ndim)])
+    p = p.reshape(m, 2 * n, -1)  # [x2, (plane, j), (*batch, *rest)]
+    h = _block(h, t.dtype, planes_minor=False)
+    u = jax.lax.dot_general(jnp.asarray(h), p, (((2,), (1,)), ((0,), (0,))), precision=hi)
+    # u[x2, (plane, k1), ..]: the matmul over x2 leaves frequency k1 + n*k2 at [k2, k1]
+    y = _real_dft_rows(u.reshape(m, 2, n, *batch, *rest), hi)  # [k2, k1, *batch, *rest]
+    y = jnp.transpose(y, [*range(2, 2 + nb), 0, 1, *range(2 + nb, y.ndim)])
+    return y.reshape(batch + (n * m,) + rest)
 
 
 def inverse_to_chunks(y: jax.Array, n: int, nb: int, norm: str | None) -> jax.Array:
     """Inverse FFT over the leading FFT dim of `y[*batch, KX, *rest]`, returned as chunks to
     send, `t[j, *batch, x2, *rest]` with x = j*m + x2 (`n` chunks)."""
     m = y.shape[nb] // n
+    batch, rest = y.shape[:nb], y.shape[nb + 1 :]
     scale = norm_factor(norm, n * m, inverse=True)
-    # per k1, F_m^* with the twiddle folded in: g[k1, k2, x2]
-    g = _dft(m, 1)[None, :, :] * _twiddle(n, m, 1)[:, None, :] * scale
+    # per k1, F_m^* with the twiddle folded in, as [k1, x2, k2]
+    g = (_dft(m, 1)[None, :, :] * _twiddle(n, m, 1)[:, None, :] * scale).transpose(0, 2, 1)
     hi = jax.lax.Precision.HIGHEST
-    v = y.reshape(y.shape[:nb] + (m, n) + y.shape[nb + 1 :])  # [*batch, k2, k1, *rest]
-    v = jnp.transpose(v, [nb + 1, nb] + list(range(nb)) + list(range(nb + 2, v.ndim)))
-    # u[k1, x2, ..] = sum_k2 g[k1, k2, x2] v[k1, k2, ..]
-    u = jax.lax.dot_general(jnp.asarray(g, y.dtype), v, (((1,), (1,)), ((0,), (0,))), precision=hi)
-    # F_n is symmetric: t[j, x2, *batch, *rest]
-    t = jnp.tensordot(jnp.asarray(_dft(n, 1), y.dtype), u, axes=(0, 0), precision=hi)
-    return jnp.transpose(t, [0] + list(range(2, 2 + nb)) + [1] + list(range(2 + nb, t.ndim)))
+    p = planes(y).reshape(2, *batch, m, n, *rest)  # [plane, *batch, k2, k1, *rest]
+    p = jnp.transpose(p, [nb + 2, 0, nb + 1, *range(1, nb + 1), *range(nb + 3, p.ndim)])
+    p = p.reshape(n, 2 * m, -1)  # [k1, (plane, k2), (*batch, *rest)]
+    g = _block(g, p.dtype, planes_minor=False)
+    u = jax.lax.dot_general(jnp.asarray(g), p, (((2,), (1,)), ((0,), (0,))), precision=hi)
+    # u[k1, (plane, x2), ..]; F_n is symmetric: t[(j, plane), (x2, ..)]
+    f = jnp.asarray(_block(_dft(n, 1), p.dtype, planes_minor=True))
+    t = jnp.dot(f, u.reshape(2 * n, -1), precision=hi).reshape(n, 2, m, *batch, *rest)
+    t = from_planes(jnp.moveaxis(t, 1, 0))  # joined in the copies that chunk it for sending
+    return jnp.transpose(t, [0, *range(2, 2 + nb), 1, *range(2 + nb, t.ndim)])
