@@ -45,16 +45,18 @@ ROUNDS = 9
 
 def _interleaved_ms(fns: dict, args: dict, rounds: int = ROUNDS) -> dict:
     """Per-round ms of each function over interleaved rounds (each round runs every function
-    once, so a change of load hits the methods of one round alike). Each round starts one
-    method later: the method that runs first in a round, right after the previous round's last
-    (here the sharded `rfftn`, whose gathered buffers are freed), measured up to 20 % slower
-    with an identical compiled program, so no method may always run first."""
+    once, so a change of load hits the methods of one round alike). Each round runs the
+    methods in a fresh random order (fixed seed): a distributed transform right after one of
+    the sharded `jnp.fft` calls, which gather the whole array on every device, measured about
+    a third slower than after another method (128^3 pencil: 21.5 against 16.3 ms; the
+    one-device `fftn` did not slow down), and rotating one fixed order, which keeps each
+    method's neighbours, put the same methods behind those calls in almost every round."""
     for name, fn in fns.items():
         jax.block_until_ready(fn(args[name]))  # compile and warm up
     times = {name: [] for name in fns}
-    names = list(fns)
-    for r in range(rounds):
-        for name in names[r % len(names) :] + names[: r % len(names)]:
+    order = np.random.default_rng(0)
+    for _ in range(rounds):
+        for name in order.permutation(list(fns)):
             t0 = time.perf_counter()
             jax.block_until_ready(fns[name](args[name]))
             times[name].append(1e3 * (time.perf_counter() - t0))
