@@ -477,7 +477,7 @@ class Trainer:
         params = self._constrain(params, self.param_specs)
         metrics = {"loss": loss, **metrics}
         if self.nonfinite is not None:
-            metrics["grad_norm"] = grad_norm = optax.global_norm(grads)
+            metrics["grad_norm"] = grad_norm = optax.tree.norm(grads)
             if self.nonfinite == "skip":  # a step with NaN/Inf loss or gradients changes nothing
                 ok = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
                 keep = lambda new, old: jnp.where(ok, new, old)  # noqa: E731
