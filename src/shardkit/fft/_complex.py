@@ -117,7 +117,7 @@ def _run_local(blk, entries, k, mesh_shape, norm, *, inverse: bool, start, end):
         m = blk.shape[nb + order.index(concat)]
         if not inverse and _x_by_matmuls(slab, end, groups[-1][0], m):
             # X arrives in chunks already in natural order: the FFT over X by matmuls
-            t = E.send(D.planes(blk), steps[i], n, order, split, natural, nb + 1)
+            t = E.send(blk, steps[i], n, order, split, natural, nb)
             return D.forward_gathered(t, nb, norm)
         new = E.trailing_order(order, groups[g + 1][0])
         blk, order = E.exchange(blk, steps[i], n, order, split, concat, new, nb), new

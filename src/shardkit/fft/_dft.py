@@ -13,9 +13,9 @@ one m x m matmul over x2 whose result [k2, k1] is natural order: only major dims
 inverse runs the same sums backwards with conjugate matrices and ends with the chunk index
 leading, ready to be sent.
 
-The matmuls are real: the data travels as its real and imaginary planes (split in the copies
-that chunk it for the all-to-all, joined in the copy that writes the result), each complex
-matrix acting on them as its real 2 x 2 block form. XLA:CPU runs a real matmul about twice as
+The matmuls are real: they run on the real and imaginary planes (split in the copy that joins
+the received chunks, joined in the copy that writes the result), each complex matrix acting on
+them as its real 2 x 2 block form. XLA:CPU runs a real matmul about twice as
 fast as the complex one with the same multiply-adds, and the forward m x m matmul is a real
 m x m one (`_real_dft_rows`): half the multiply-adds again. The matrices are built in float64
 on the host and rounded once. The matmuls cost O(m) per element against the FFT's O(log m),
@@ -57,7 +57,7 @@ def planes(x: jax.Array) -> jax.Array:
     """A complex array as its real and imaginary planes, stacked on a new leading dim.
 
     Written as a select rather than `jnp.stack`, which XLA makes a copy of its own: the select
-    fuses into the copies that chunk the planes for the all-to-all.
+    fuses into the copy that consumes the planes.
     """
     shape = (2, *x.shape)
     first = jax.lax.broadcasted_iota(jnp.int32, shape, 0) == 0
@@ -108,17 +108,17 @@ def _real_dft_rows(u: jax.Array, precision: Any) -> jax.Array:
 
 
 def forward_gathered(t: jax.Array, nb: int, norm: str | None) -> jax.Array:
-    """FFT over X of the received planar block `t[j, plane, *batch(nb), x2, *rest]` (the real
-    and imaginary planes sent as one more leading dim) -> complex `y[*batch, KX, *rest]`."""
-    n, m = t.shape[0], t.shape[nb + 2]
-    batch, rest = t.shape[2 : nb + 2], t.shape[nb + 3 :]
+    """FFT over X of a received block `t[j, *batch(nb), x2, *rest]` -> `y[*batch, KX, *rest]`."""
+    n, m = t.shape[0], t.shape[nb + 1]
+    batch, rest = t.shape[1 : nb + 1], t.shape[nb + 2 :]
     scale = norm_factor(norm, n * m, inverse=False)
     # per x2, F_n with the twiddle folded in: h[x2, k1, j]
     h = (_dft(n, -1)[:, :, None] * _twiddle(n, m, -1)[:, None, :]).transpose(2, 0, 1) * scale
     hi = jax.lax.Precision.HIGHEST
-    p = jnp.transpose(t, [nb + 2, 1, 0, *range(2, nb + 2), *range(nb + 3, t.ndim)])
+    p = planes(t)  # split in the copy that joins the received chunks
+    p = jnp.transpose(p, [nb + 2, 0, 1, *range(2, nb + 2), *range(nb + 3, p.ndim)])
     p = p.reshape(m, 2 * n, -1)  # [x2, (plane, j), (*batch, *rest)]
-    h = _block(h, t.dtype, planes_minor=False)
+    h = _block(h, p.dtype, planes_minor=False)
     u = jax.lax.dot_general(jnp.asarray(h), p, (((2,), (1,)), ((0,), (0,))), precision=hi)
     # u[x2, (plane, k1), ..]: the matmul over x2 leaves frequency k1 + n*k2 at [k2, k1]
     y = _real_dft_rows(u.reshape(m, 2, n, *batch, *rest), hi)  # [k2, k1, *batch, *rest]

@@ -65,11 +65,9 @@ def forward(blk, entries: tuple, mesh_shape: dict, *, layout: str, norm):
     nb = blk.ndim - 3
     blk = E.exchange(blk, eb, b, _NATURAL, 0, 1, _NATURAL, nb)  # [*B, X_ab, Y, Z]
     blk = jnp.fft.fftn(blk, axes=(nb + 1, nb + 2), norm=norm)
-    names = L.entry_names(ea) + L.entry_names(eb)
-    # received: t[j, .., x2, Y_a, Z_b], X = j*m + x2 in natural order (m = X/(a*b), the local X)
-    if layout == "natural" and blk.shape[nb] <= D.MAX_M:
-        t = E.swap(_pack(D.planes(blk), nb + 1, a, b), names)  # real and imaginary planes
+    t = E.swap(_pack(blk, nb, a, b), L.entry_names(ea) + L.entry_names(eb))
+    # t[j, *B, x2, Y_a, Z_b]: X = j*m + x2 in natural order
+    if layout == "natural" and t.shape[nb + 1] <= D.MAX_M:
         return D.forward_gathered(t, nb, norm)
-    t = E.swap(_pack(blk, nb, a, b), names)
     y = jnp.fft.fft(E.reassemble(t, _NATURAL, 0, [1, 2, 0], nb), axis=-1, norm=norm)
     return y if layout == "transposed" else jnp.moveaxis(y, -1, nb)
