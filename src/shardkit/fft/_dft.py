@@ -53,7 +53,7 @@ def norm_factor(norm: str | None, size: int, inverse: bool) -> float:
     return 1.0
 
 
-def planes(x: jax.Array) -> jax.Array:
+def _planes(x: jax.Array) -> jax.Array:
     """A complex array as its real and imaginary planes, stacked on a new leading dim.
 
     Written as a select rather than `jnp.stack`, which XLA makes a copy of its own: the select
@@ -66,7 +66,7 @@ def planes(x: jax.Array) -> jax.Array:
     )
 
 
-def from_planes(p: jax.Array) -> jax.Array:
+def _from_planes(p: jax.Array) -> jax.Array:
     """The complex array whose real and imaginary planes are `p[0]` and `p[1]`."""
     return jax.lax.complex(p[0], p[1])
 
@@ -115,7 +115,7 @@ def forward_gathered(t: jax.Array, nb: int, norm: str | None) -> jax.Array:
     # per x2, F_n with the twiddle folded in: h[x2, k1, j]
     h = (_dft(n, -1)[:, :, None] * _twiddle(n, m, -1)[:, None, :]).transpose(2, 0, 1) * scale
     hi = jax.lax.Precision.HIGHEST
-    p = planes(t)  # split in the copy that joins the received chunks
+    p = _planes(t)  # split in the copy that joins the received chunks
     p = jnp.transpose(p, [nb + 2, 0, 1, *range(2, nb + 2), *range(nb + 3, p.ndim)])
     p = p.reshape(m, 2 * n, -1)  # [x2, (plane, j), (*batch, *rest)]
     h = _block(h, p.dtype, planes_minor=False)
@@ -135,7 +135,7 @@ def inverse_to_chunks(y: jax.Array, n: int, nb: int, norm: str | None) -> jax.Ar
     # per k1, F_m^* with the twiddle folded in, as [k1, x2, k2]
     g = (_dft(m, 1)[None, :, :] * _twiddle(n, m, 1)[:, None, :] * scale).transpose(0, 2, 1)
     hi = jax.lax.Precision.HIGHEST
-    p = planes(y).reshape(2, *batch, m, n, *rest)  # [plane, *batch, k2, k1, *rest]
+    p = _planes(y).reshape(2, *batch, m, n, *rest)  # [plane, *batch, k2, k1, *rest]
     p = jnp.transpose(p, [nb + 2, 0, nb + 1, *range(1, nb + 1), *range(nb + 3, p.ndim)])
     p = p.reshape(n, 2 * m, -1)  # [k1, (plane, k2), (*batch, *rest)]
     g = _block(g, p.dtype, planes_minor=False)
@@ -143,5 +143,5 @@ def inverse_to_chunks(y: jax.Array, n: int, nb: int, norm: str | None) -> jax.Ar
     # u[k1, (plane, x2), ..]; F_n is symmetric: t[(j, plane), (x2, ..)]
     f = jnp.asarray(_block(_dft(n, 1), p.dtype, planes_minor=True))
     t = jnp.dot(f, u.reshape(2 * n, -1), precision=hi).reshape(n, 2, m, *batch, *rest)
-    t = from_planes(jnp.moveaxis(t, 1, 0))  # joined in the copies that chunk it for sending
+    t = _from_planes(jnp.moveaxis(t, 1, 0))  # joined in the copies that chunk it for sending
     return jnp.transpose(t, [0, *range(2, 2 + nb), 1, *range(2 + nb, t.ndim)])
