@@ -39,8 +39,9 @@ __all__ = ["batched_det", "batched_lu", "batched_slogdet", "batched_solve"]
 def _batched_jit(a_stack, b_stack, mesh, axes, vector):
     spec_a = P(axes, None, None)
     spec_b = P(axes, None) if vector else P(axes, None, None)
-    a_stack = constrain(a_stack, mesh, spec_a)
-    b_stack = constrain(b_stack.astype(a_stack.dtype), mesh, spec_b)
+    dtype = jnp.result_type(a_stack.dtype, b_stack.dtype)  # as jnp.linalg.solve promotes
+    a_stack = constrain(a_stack.astype(dtype), mesh, spec_a)
+    b_stack = constrain(b_stack.astype(dtype), mesh, spec_b)
 
     def local(a, b):  # (B/P, N, N), (B/P, N[, k]): plain LAPACK per system
         return jnp.linalg.solve(a, b[..., None])[..., 0] if vector else jnp.linalg.solve(a, b)

@@ -44,6 +44,7 @@ from shardkit.linalg.triangular import (
     as_columns,
     first_zero_cyclic_local,
     raise_if_singular_triangle,
+    real_columns,
     tangent_rhs,
     tri_matvec_local,
     tri_solve_local,
@@ -322,9 +323,10 @@ def cho_solve(factors: CholeskyFactors, b: jax.Array, *, check: bool = True) -> 
     See also: :func:`cholesky`, :func:`shardkit.linalg.triangular_solve`.
     """
     b2, shape = as_columns(b, factors.n, "b")
+    b2, join = real_columns(b2, factors.l.dtype)
     if check:
         _raise_if_not_spd(factors.info, factors.n)
     x, info = _cho_solve_jit(factors.l, b2, factors.mesh, factors.axis_names, factors.block_size)
     if check:
         raise_if_singular_triangle(x, info, factors.n, "L", arg="factors")
-    return x.reshape(shape)
+    return join(x).reshape(shape)

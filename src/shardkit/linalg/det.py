@@ -28,7 +28,7 @@ from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 from shardkit.errors import ShardkitValueError
-from shardkit.linalg.layout import global_index, n_devices
+from shardkit.linalg.layout import check_matrix, global_index, n_devices
 from shardkit.linalg.lu import LUFactors, lu
 
 __all__ = ["SlogdetResult", "det", "slogdet"]
@@ -89,14 +89,31 @@ def _slogdet_jit(packed, pivots, mesh, axes, nb, grid):
 
 
 def _check_finite(a: jax.Array) -> None:
-    """Raises for inf or NaN entries, whose determinant is undefined (NaN), outside `jit`."""
+    """Raises for inf or NaN entries, whose determinant is undefined (NaN), outside `jit`.
+
+    The entry is read with reductions only: indexing an array on Explicit mesh axes with
+    integers is a gather JAX asks a sharding for.
+    """
     finite = jnp.isfinite(a)
     if not bool(finite.all()):
-        i, j = (int(k) for k in jnp.unravel_index(jnp.argmin(finite), a.shape))
+        first = jnp.argmin(finite.reshape(-1))
+        at = jnp.arange(a.size).reshape(a.shape) == first
+        value = jnp.sum(jnp.where(at, a, 0)).item()
+        i, j = divmod(int(first), a.shape[1])
         raise ShardkitValueError(
-            f"a: the ({a.shape[0]}, {a.shape[1]}) matrix holds {a[i, j].item()} at [{i}, {j}]; "
+            f"a: the ({a.shape[0]}, {a.shape[1]}) matrix holds {value} at [{i}, {j}]; "
             "its determinant is undefined; fix: replace the non-finite entries (inside jit, "
             "slogdet returns NaN for them, as jnp.linalg.slogdet does)."
+        )
+
+
+def _check_square_factors(f: LUFactors) -> None:
+    """Raises for the factors of a non-square matrix, which has no determinant."""
+    if f.m is not None:
+        n = f.n
+        raise ShardkitValueError(
+            f"a: these LUFactors are of a ({f.m}, {n}) matrix, which has no determinant; "
+            "fix: pass the factors of a square matrix."
         )
 
 
@@ -145,8 +162,12 @@ def slogdet(
 
     See also: :func:`det`, :func:`~shardkit.linalg.lu`.
     """
-    if not isinstance(a, LUFactors) and not isinstance(a, jax.core.Tracer):
-        _check_finite(a)
+    if isinstance(a, LUFactors):
+        _check_square_factors(a)
+    else:
+        check_matrix(a, "a", stacked="batched_slogdet or batched_det")
+        if not isinstance(a, jax.core.Tracer):
+            _check_finite(a)
     f = a if isinstance(a, LUFactors) else lu(a, block_size=block_size, mesh=mesh,
                                               axis_names=axis_names, grid=grid)  # fmt: skip
     result = _slogdet_jit(f.lu, f.pivots, f.mesh, f.axis_names, f.block_size, f.grid)

@@ -54,6 +54,12 @@ _CHUNKS = 4  # column chunks of the trailing update (temporaries ~ shard / _CHUN
 __all__: list[str] = []
 
 
+def _pivot_size(x):
+    """The size LAPACK's pivot search (``i?amax``) compares: |x|, or |Re x| + |Im x| for
+    complex x, so the pivots equal ``getrf``'s."""
+    return jnp.abs(x.real) + jnp.abs(x.imag) if jnp.iscomplexobj(x) else jnp.abs(x)
+
+
 def _grid_steps(a, ipiv, info, *, j0, j1, row0, col0, nb, pr, pc, row_axis, col_axis):
     """LU steps ``j0 <= j < j1`` in place; panels, U12 and the trailing update touch only the
     static local window ``a[row0:, col0:]`` (rows and columns of finished blocks are left out;
@@ -71,7 +77,7 @@ def _grid_steps(a, ipiv, info, *, j0, j1, row0, col0, nb, pr, pc, row_axis, col_
     def panel_column(k, carry):
         pan, piv, info, r0 = carry  # pan: (M_w, nb) local window rows of the panel
         c = r0 + k
-        v = jnp.where(grow_w >= c, jnp.abs(pan[:, k]), -1.0)  # candidates: rows >= c
+        v = jnp.where(grow_w >= c, _pivot_size(pan[:, k]), -1.0)  # candidates: rows >= c
         best = jnp.argmax(v)
         gmax = lax.pmax(v[best], row_axis)
         cand = jnp.where(v[best] == gmax, grow_w[best], n_pad)
@@ -197,7 +203,7 @@ def tri_solve_grid_local(a, b, *, nb, pr, pc, row_axis, col_axis, lower, unit_di
         t_jj = lax.dynamic_slice(a, (krj, kcj), (nb, nb))
         t_jj = jnp.tril(t_jj) if lower else jnp.triu(t_jj)
         if unit_diagonal:
-            t_jj = t_jj - jnp.diag(jnp.diagonal(t_jj)) + jnp.eye(nb, dtype=a.dtype)
+            t_jj = jnp.where(jnp.eye(nb, dtype=bool), 1, t_jj)  # never reads the diagonal
         t_jj = jnp.where(diag, t_jj, jnp.eye(nb, dtype=a.dtype))
         b_j = lax.dynamic_slice_in_dim(b, r0, nb, axis=0)
         x_j = lax.linalg.triangular_solve(t_jj, b_j - s, left_side=True, lower=lower)

@@ -90,6 +90,11 @@ def resolve_mesh(
                 f"axis_names: mesh axis {name!r} is not in the mesh {dict(mesh.shape)}. "
                 f"Use one of {tuple(mesh.axis_names)}."
             )
+    if len(set(axes)) != len(axes):
+        raise ShardkitValueError(
+            f"axis_names: {axes} names a mesh axis twice; fix: name each axis once, e.g. "
+            f"{tuple(dict.fromkeys(axes))}."
+        )
     return mesh, axes
 
 
@@ -308,17 +313,19 @@ def global_index(local_len, nb, p, me):
     return ((i // nb) * p + me) * nb + i % nb
 
 
-def check_matrix(a, arg: str, *, square: bool = True) -> None:
+def check_matrix(a, arg: str, *, square: bool = True, stacked: str | None = None) -> None:
+    """Raises unless ``a`` is a (square, if ``square``) floating or complex matrix; the message
+    points a stack of matrices to the batched function ``stacked`` when there is one."""
     shape = tuple(getattr(a, "shape", ()))
+    hint = f"; for a stack of matrices (B, M, N) use {stacked}" if stacked else ""
     if not square and len(shape) != 2:
         raise ShardkitValueError(
-            f"{arg}: expected a matrix (M, N), got shape {shape}. Pass a 2-D array; for a "
-            "stack of matrices (B, M, N) use batched_lu."
+            f"{arg}: expected a matrix (M, N), got shape {shape}. Pass a 2-D array{hint}."
         )
     if len(shape) != 2 or (square and shape[0] != shape[1]):
         raise ShardkitValueError(
             f"{arg}: expected a square matrix (N, N), got shape {shape}. "
-            "Pass a 2-D square array; for a stack of systems (B, N, N) use batched_solve."
+            f"Pass a 2-D square array{hint.replace('(B, M, N)', '(B, N, N)')}."
         )
     check_dtype(a, arg)
 
@@ -347,7 +354,7 @@ def block_size_for(nb: int | None, n: int, p: int = 1) -> int:
     """
     if nb is not None:
         check_block_size(nb, n)
-        return nb
+        return int(nb)
     least = padded_size(n, DEFAULT_BLOCK_SIZE, p)
     for wide in (256, 128, 64):
         if 4 * p * wide <= n and padded_size(n, wide, p) <= 1.03 * least:
@@ -356,7 +363,9 @@ def block_size_for(nb: int | None, n: int, p: int = 1) -> int:
 
 
 def check_block_size(nb: int, n: int) -> None:
-    if not isinstance(nb, int) or nb < 1:
+    if isinstance(nb, np.integer):  # e.g. np.int64 from numpy arithmetic
+        nb = int(nb)
+    if not isinstance(nb, int) or isinstance(nb, bool) or nb < 1:
         raise ShardkitValueError(
             f"block_size: must be a positive int, got {nb!r}. Try block_size=32."
         )

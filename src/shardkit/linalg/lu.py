@@ -342,7 +342,7 @@ def lu(
 
     See also: :func:`lu_solve`, :func:`solve`, :func:`shardkit.linalg.det`.
     """
-    check_matrix(a, "a", square=False)
+    check_matrix(a, "a", square=False, stacked="batched_lu")
     mesh, axes = layout.resolve_mesh(a, mesh, axis_names, arg="a")
     (m, n), s = a.shape, max(a.shape)
     block_size = block_size_for(block_size, s, n_devices(mesh, axes))

@@ -40,6 +40,7 @@ from shardkit.linalg.lu import LUFactors, lu_local, raise_if_singular
 from shardkit.linalg.triangular import (
     as_columns,
     op_matvec,
+    real_columns,
     tangent_rhs,
     tri_matvec_local,
     tri_solve_local,
@@ -309,6 +310,7 @@ def lu_solve(
             "solver."
         )
     b2, shape = as_columns(b, factors.n, "b")
+    b2, join = real_columns(b2, factors.lu.dtype)
     if transpose and factors.grid is not None:
         raise ShardkitValueError(
             "transpose: lu_solve(..., transpose=True) needs 1-D factors; these are on the 2-D "
@@ -327,7 +329,7 @@ def lu_solve(
     x = x[: factors.n]
     if check:
         _raise_if_singular(x, factors.info, factors.n, arg="factors")
-    return x.reshape(shape)
+    return join(x).reshape(shape)
 
 
 def solve(
@@ -383,8 +385,9 @@ def solve(
 
     See also: :func:`lu_solve`, :func:`~shardkit.linalg.cg`, :func:`~shardkit.linalg.batched_solve`.
     """
-    check_matrix(a, "a")
+    check_matrix(a, "a", stacked="batched_solve")
     b2, shape = as_columns(b, a.shape[0], "b")
+    b2, join = real_columns(b2, a.dtype)
     mesh, axes = layout.resolve_mesh(a, mesh, axis_names, arg="a")
     block_size = block_size_for(block_size, a.shape[0], n_devices(mesh, axes))
     if transpose:  # the layout change that follows moves the transposed shards (all-to-all)
@@ -395,5 +398,5 @@ def solve(
         x, info = _solve_jit(a, b2, mesh, axes, block_size)
     if check:
         _raise_if_singular(x, info, a.shape[0])
-    x = x.reshape(shape)
+    x = join(x).reshape(shape)
     return (x, info) if return_info else x

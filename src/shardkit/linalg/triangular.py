@@ -26,7 +26,7 @@ Example:
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -54,7 +54,7 @@ def _diag_solve(t_jj, rhs, *, lower, transpose, unit_diagonal, conjugate=False):
     """Solves with one (nb, nb) diagonal block, masking the other triangle explicitly."""
     t_jj = jnp.tril(t_jj) if lower else jnp.triu(t_jj)
     if unit_diagonal:
-        t_jj = t_jj - jnp.diag(jnp.diagonal(t_jj)) + jnp.eye(t_jj.shape[0], dtype=t_jj.dtype)
+        t_jj = jnp.where(jnp.eye(t_jj.shape[0], dtype=bool), 1, t_jj)  # never reads it
     return lax.linalg.triangular_solve(
         t_jj, rhs, left_side=True, lower=lower, transpose_a=transpose, conjugate_a=conjugate
     )
@@ -89,7 +89,9 @@ def tri_solve_local(
         t_jj = lax.dynamic_slice_in_dim(col, r0, nb, axis=0)  # (nb, nb)
         b_j = lax.dynamic_slice_in_dim(b, r0, nb, axis=0)  # (nb, k)
         off = (rows >= r0 + nb) if lower else (rows < r0)  # off-diagonal part of the column
-        return j, r0, mine, col, t_jj, b_j, jnp.where(off, col, 0)
+        # a non-owner's `col` is another column block, whose unread triangle may hold inf or
+        # NaN: masked, not multiplied by its zero x_j (0 * inf is NaN)
+        return j, r0, mine, col, t_jj, b_j, jnp.where(off & mine, col, 0)
 
     def owner_solve(mine, t_jj, rhs):  # only the block's owner calls the BLAS solve
         zeros = functools.partial(zeros_varying, rhs.shape, rhs.dtype, axes)
@@ -128,6 +130,16 @@ def as_columns(b, n: int, arg: str) -> tuple[jax.Array, tuple[int, ...]]:
             f"{shape}. Pass one right-hand side as a vector or several as columns."
         )
     return (b[:, None] if len(shape) == 1 else b), shape
+
+
+def real_columns(b2: jax.Array, dtype) -> tuple[jax.Array, Callable[[jax.Array], jax.Array]]:
+    """A complex right-hand side (N, k) of a real matrix as the real (N, 2k) ``[Re b, Im b]``,
+    and the function that joins the solution's halves: the solve stays real (as
+    ``jnp.linalg.solve`` promotes, the result is complex) and the factors are reused."""
+    if not jnp.iscomplexobj(b2) or jnp.issubdtype(dtype, jnp.complexfloating):
+        return b2, lambda x: x
+    k = b2.shape[1]
+    return jnp.concatenate([b2.real, b2.imag], axis=1), lambda x: lax.complex(x[:, :k], x[:, k:])
 
 
 def triangle_mask(rows, cols, *, lower, unit_diagonal):
@@ -349,9 +361,10 @@ def triangular_solve(
 
     check_matrix(a, "a")
     b2, shape = as_columns(b, a.shape[0], "b")
+    b2, join = real_columns(b2, a.dtype)
     mesh, axes = layout.resolve_mesh(a, mesh, axis_names, arg="a")
     block_size = block_size_for(block_size, a.shape[0], n_devices(mesh, axes))
     x, info = _tri_jit(a, b2, mesh, axes, block_size, lower, transpose, unit_diagonal)
     if check:
         raise_if_singular_triangle(x, info, a.shape[0], "a")
-    return x.reshape(shape)
+    return join(x).reshape(shape)
