@@ -72,22 +72,27 @@ def _checked(shape: tuple, entries: tuple, mesh, axes: tuple, fname: str) -> Non
 
 
 @functools.lru_cache(maxsize=64)  # one op per signature: eager calls then hit jit's cache
-def _partitioned(shape: tuple, axes: tuple, norm, inverse: bool, fname: str):
+def _partitioned(
+    shape: tuple, axes: tuple, norm, inverse: bool, fname: str, cotangent: bool = False
+):
     """The transform of a traced input on Auto mesh axes whose sharding XLA's partitioner
-    chooses (`_partitioned`); its VJP is the transform the other way (`PT.ADJOINT_NORM`)."""
+    chooses (`_partitioned`); its VJP is the transform the other way (`PT.ADJOINT_NORM`),
+    applied to a cotangent (`PT.op`'s `cotangent`)."""
 
     def plan(mesh, entries):
         _checked(shape, entries, mesh, axes, fname)
         return _body(axes, inverse, norm), P(*entries), P(*entries)
 
     def adjoint():
-        return PT.conjugated(_partitioned(shape, axes, PT.ADJOINT_NORM[norm], not inverse, fname))
+        other = _partitioned(shape, axes, PT.ADJOINT_NORM[norm], not inverse, fname, True)
+        return PT.conjugated(other)
 
     def reference(a):  # the transform on one device
         return PT.fft(a, axes, norm, inverse)
 
     rule = PT.kept_rule(len(shape), axes)
-    return PT.linear(PT.op(plan=plan, reference=reference, rule=rule, fname=fname), adjoint)
+    op = PT.op(plan=plan, reference=reference, rule=rule, fname=fname, cotangent=cotangent)
+    return PT.linear(op, adjoint)
 
 
 def batched_fftn(

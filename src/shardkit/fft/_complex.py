@@ -212,10 +212,12 @@ def _validated(shape: tuple, entries: tuple, k: int, mesh, *, inverse, layout, f
 
 
 @functools.lru_cache(maxsize=64)  # one op per signature: eager calls then hit jit's cache
-def _partitioned(shape: tuple, k: int, norm, layout: str, inverse: bool, fname: str):
+def _partitioned(
+    shape: tuple, k: int, norm, layout: str, inverse: bool, fname: str, cotangent: bool = False
+):
     """The custom-partitioned transform of a complex input of `shape`, with a custom VJP: the
     transform the other way (`PT.ADJOINT_NORM`), which maps the cotangent back to the
-    argument's layout."""
+    argument's layout (`PT.op`'s `cotangent`)."""
     nb = len(shape) - k
     out_shape = shape if layout == "natural" else L.roll(shape, k, -1 if inverse else 1)
     shift = int(layout == "natural")  # FFT dim i's mesh axis moves to dim i + shift
@@ -237,11 +239,12 @@ def _partitioned(shape: tuple, k: int, norm, layout: str, inverse: bool, fname: 
 
     def adjoint():
         return PT.conjugated(
-            _partitioned(out_shape, k, PT.ADJOINT_NORM[norm], layout, not inverse, fname)
+            _partitioned(out_shape, k, PT.ADJOINT_NORM[norm], layout, not inverse, fname, True)
         )
 
     rule = PT.moved_rule(shape, out_shape, moves)
-    return PT.linear(PT.op(plan=plan, reference=reference, rule=rule, fname=fname), adjoint)
+    op = PT.op(plan=plan, reference=reference, rule=rule, fname=fname, cotangent=cotangent)
+    return PT.linear(op, adjoint)
 
 
 def original_entries(entries: tuple, k: int, layout: str, fname: str) -> tuple:

@@ -109,6 +109,7 @@ def op(
     reference: Callable[[jax.Array], jax.Array],
     rule: tuple[str, dict],
     fname: str,
+    cotangent: bool = False,
 ) -> Callable[[jax.Array], jax.Array]:
     """A transform as a custom-partitioned op (see the module docstring), jitted.
 
@@ -117,6 +118,10 @@ def op(
         reference: the transform on one device (lowered when the program has one device).
         rule: the sharding rule and its keyword arguments (`moved_rule`, `kept_rule`).
         fname: the public function's name, for errors.
+        cotangent: the op is a VJP, applied to a cotangent the user never sees: when the
+            partitioner gives it a sharding the transform cannot use (e.g. replicated, for the
+            loss `sum(real(y) * w)` with `w` replicated), the op asks for one it can use
+            (`_usable`) and the partitioner reshards the cotangent, instead of raising.
 
     Returns:
         The op. It is jitted, so that called on a concrete array (under `jax.grad` without
@@ -132,12 +137,15 @@ def op(
         try:
             body, in_spec, out_spec = plan(mesh, entries)
         except ShardkitValueError as e:
-            raise ShardkitValueError(
-                f"{e} (Inside jit on Auto mesh axes, XLA's partitioner chose this sharding, "
-                f"{P(*entries)}, for x; to choose another, constrain x first with "
-                f"jax.lax.with_sharding_constraint(x, P(...)), or pass spec=.)"
-            ) from None
-        out = (NamedSharding(mesh, in_spec),)
+            usable = _usable(plan, mesh, entries) if cotangent else None
+            if usable is None:
+                raise ShardkitValueError(
+                    f"{e} (Inside jit on Auto mesh axes, XLA's partitioner chose this sharding, "
+                    f"{P(*entries)}, for x; to choose another, constrain x first with "
+                    f"jax.lax.with_sharding_constraint(x, P(...)), or pass spec=.)"
+                ) from None
+            body, in_spec, out_spec = usable
+        out = (NamedSharding(mesh, in_spec),)  # the partitioner reshards x to it if need be
         return mesh, body, NamedSharding(mesh, out_spec), out
 
     text, sizes = rule
@@ -171,11 +179,58 @@ def _named(mesh: Any, arg: Any, fname: str) -> tuple[Any, tuple]:
     )
 
 
-def _specs(names: tuple[str, ...], ndim: int):
-    """Every PartitionSpec (as entries) of `ndim` dims over mesh axes `names`, fewest axes first."""
-    for used in range(len(names) + 1):
-        for axes in itertools.permutations(names, used):
-            for dims in itertools.product(range(ndim), repeat=used):
+def _usable(plan: Plan, mesh: Any, given: tuple) -> tuple[Callable, P, P] | None:
+    """A plan for a sharding the transform can use, or None when there is none.
+
+    Only shardings that use every mesh axis of size > 1 can be usable (a plan refuses an idle
+    axis). Preferred is one whose shards are slices of the `given` operand's shards (each dim's
+    mesh axes extend the given ones, e.g. a replicated cotangent): the returned body takes the
+    operand as given and slices its block locally, so nothing is resharded. Otherwise the one
+    that keeps most given entries, which the partitioner reshards the operand to.
+    """
+    shape = dict(mesh.shape)
+    names = tuple(n for n, size in shape.items() if size > 1)
+    best, best_rank = None, (-1, -1)
+    for entries in _specs(names, len(given), used=len(names)):
+        try:
+            body, in_spec, out_spec = plan(mesh, entries)
+        except ShardkitValueError:
+            continue
+        sliceable = all(
+            L.entry_names(e)[: len(L.entry_names(g))] == L.entry_names(g)
+            for e, g in zip(entries, given, strict=True)
+        )
+        rank = (int(sliceable), sum(e == g for e, g in zip(entries, given, strict=True)))
+        if rank > best_rank:
+            if sliceable:
+                body, in_spec = _sliced(body, entries, given, shape), P(*given)
+            best, best_rank = (body, in_spec, out_spec), rank
+    return best
+
+
+def _sliced(body: Callable, entries: tuple, given: tuple, mesh_shape: dict) -> Callable:
+    """`body`, which takes a block sharded `entries`, run on a block sharded `given` (each
+    dim's mesh axes a prefix of those in `entries`): it first slices its own block out."""
+
+    def run(blk):
+        starts, sizes = [], []
+        for d, (e, g) in enumerate(zip(entries, given, strict=True)):
+            extra = L.entry_names(e)[len(L.entry_names(g)) :]
+            size = blk.shape[d] // L.entry_size(extra, mesh_shape)
+            starts.append(jax.lax.axis_index(extra) * size if extra else 0)
+            sizes.append(size)
+        return body(jax.lax.dynamic_slice(blk, starts, sizes))
+
+    return run
+
+
+def _specs(names: tuple[str, ...], ndim: int, used: int | None = None):
+    """Every PartitionSpec (as entries) of `ndim` dims over mesh axes `names`, fewest axes first
+    (or those that use `used` axes)."""
+    counts = range(len(names) + 1) if used is None else (used,)
+    for n_axes in counts:
+        for axes in itertools.permutations(names, n_axes):
+            for dims in itertools.product(range(ndim), repeat=n_axes):
                 entries: list[list[str]] = [[] for _ in range(ndim)]
                 for a, d in zip(axes, dims, strict=True):
                     entries[d].append(a)

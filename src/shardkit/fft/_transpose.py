@@ -89,9 +89,10 @@ def _check(shape: tuple, entries: tuple, mesh, forward: bool, fname: str) -> Non
 
 
 @functools.lru_cache(maxsize=64)  # one op per signature: eager calls then hit jit's cache
-def _partitioned(shape: tuple, forward: bool, fname: str):
+def _partitioned(shape: tuple, forward: bool, fname: str, cotangent: bool = False):
     """One step on a traced input on Auto mesh axes whose sharding XLA's partitioner chooses
-    (`_partitioned`); its VJP is the step the other way (a permutation's inverse)."""
+    (`_partitioned`); its VJP is the step the other way (a permutation's inverse), applied to
+    a cotangent (`PT.op`'s `cotangent`)."""
     nb = len(shape) - 3
     batch = tuple(range(nb))
     perm = batch + ((nb + 2, nb, nb + 1) if forward else (nb + 1, nb + 2, nb))
@@ -102,8 +103,11 @@ def _partitioned(shape: tuple, forward: bool, fname: str):
         return _local(entries, dict(mesh.shape), forward)
 
     rule = PT.moved_rule(shape, out_shape, {nb: nb + 1, nb + 1: nb})  # the two axes swap dims
-    op = PT.op(plan=plan, reference=lambda a: jnp.transpose(a, perm), rule=rule, fname=fname)
-    return PT.linear(op, lambda: _partitioned(out_shape, not forward, fname))
+    op = PT.op(
+        plan=plan, reference=lambda a: jnp.transpose(a, perm), rule=rule, fname=fname,
+        cotangent=cotangent,
+    )  # fmt: skip
+    return PT.linear(op, lambda: _partitioned(out_shape, not forward, fname, cotangent=True))
 
 
 def _transpose(x, *, forward: bool, spec, mesh, fname: str):
