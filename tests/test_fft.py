@@ -313,6 +313,30 @@ def test_pfft2d_and_batched(axis_type):
     assert counts["all-to-all"] == 1 and sum(counts.values()) == 1
 
 
+@pytest.mark.parametrize(
+    "mesh_shape,shape,spec,fft",
+    [
+        ((8, 1), (16, 8), P("x", "y"), (skfft.pfft2d, skfft.pifft2d)),
+        ((2, 4, 1), (8, 8, 8), P("x", "y", "z"), (skfft.pfft3d, skfft.pifft3d)),
+    ],
+    ids=["2d", "3d"],
+)
+def test_a_last_dim_sharded_over_a_size_1_axis_is_whole(axis_type, mesh_shape, shape, spec, fft):
+    # a mesh axis of size 1 leaves its dim whole: the transform runs, and its inverse takes
+    # the spectrum back, in both layouts
+    names = ("x", "y", "z")[: len(mesh_shape)]
+    mesh = jax.make_mesh(mesh_shape, names, axis_types=(axis_type,) * len(mesh_shape))
+    host = _data(shape, np.complex64)
+    x = _put(host, mesh, spec)
+    forward, inverse = fft
+    want = np.fft.fftn(host.astype(np.complex128))
+    for layout in ("natural", "transposed"):
+        y = forward(x, layout=layout)
+        assert _relerr(y, want if layout == "natural" else np.moveaxis(want, 0, -1)) < 1e-5
+        x2 = inverse(y, layout=layout)
+        assert _same_layout(x2, x) and _relerr(x2, host) < 1e-5
+
+
 def test_batched_fftn_has_zero_collectives(axis_type):
     mesh = jax.make_mesh((8,), ("data",), axis_types=(axis_type,))
     host = _data((8, 16, 12), np.complex64)
@@ -426,8 +450,30 @@ def test_error_unsharded_input():
     with pytest.raises(ValueError, match=r"unsharded array.*fix: x = jax.device_put"):
         skfft.pfft3d(jnp.ones((16, 16, 16), jnp.complex64))
     mesh, _, _ = _mesh("2x4", AxisType.Explicit)
-    with pytest.raises(ValueError, match=r"not sharded over mesh.*fix"):
+    with pytest.raises(ValueError, match=r"x \(shape \(16, 16, 16\), spec P\(None, None, None\)\) "
+                                         r"is not sharded over mesh.*fix"):  # fmt: skip
         skfft.pfft3d(_put(np.ones((16, 16, 16), np.complex64), mesh, P()))
+
+
+def test_error_a_half_spectrum_given_to_the_complex_inverse_points_to_pirfft3d():
+    y = skfft.prfft3d(_x(dtype=np.float32))  # a pencil's half spectrum: P(None, ('x', 'y'))
+    with pytest.raises(ValueError, match=r"pifft3d: y's dim 1 is sharded over several mesh axes "
+                                         r"\('x', 'y'\).*fix: invert a half spectrum with "
+                                         r"pirfft3d"):  # fmt: skip
+        skfft.pifft3d(y)
+
+
+@pytest.mark.parametrize("real", [False, True])
+def test_spectral_layout_refuses_what_the_transform_refuses(real):
+    mesh, _, _ = _mesh("2x4", AxisType.Explicit)
+    sharding = NamedSharding(mesh, P("x", "y"))
+    shape, fn = ((16, 12, 6), skfft.prfft3d) if real else ((16, 16, 6), skfft.pfft3d)
+    x = jax.ShapeDtypeStruct(shape, np.float32, sharding=sharding)
+    match = r"dim \d of x has size \d+ .*does not divide into \d shards"
+    with pytest.raises(ValueError, match=match):
+        fn(_put(np.ones(shape, np.float32), mesh, P("x", "y")))
+    with pytest.raises(ValueError, match=match):
+        skfft.spectral_layout(x, real=real)
 
 
 def test_error_three_axis_mesh():

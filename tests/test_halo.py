@@ -121,3 +121,8 @@ def test_halo_errors():
         skfft.halo_exchange(x, 3)
     with pytest.raises(ValueError, match=r"halo_accumulate: dim 1 .* at least 3 cells.*width <= 0"):
         skfft.halo_accumulate(x, 1)
+    replicated = jax.device_put(np.ones((8, 8), np.float32), NamedSharding(mesh, P()))
+    for fn in (skfft.halo_exchange, skfft.halo_accumulate):
+        with pytest.raises(ValueError, match=r"x \(shape \(8, 8\), spec P\(None, None\)\) is not "
+                                             r"sharded over mesh.*fix: shard x first"):  # fmt: skip
+            fn(replicated, 1)

@@ -152,13 +152,21 @@ def _local(entries: tuple, k: int, mesh_shape: dict, *, inverse: bool, layout: s
 
 
 @functools.partial(
-    jax.jit, static_argnames=("mesh", "entries", "k", "inverse", "layout", "norm", "dtype")
+    jax.jit,
+    static_argnames=("mesh", "entries", "k", "inverse", "layout", "norm", "dtype", "given"),
 )
-def _c2c(x, *, mesh, entries, k, inverse, layout, norm, dtype):
+def _c2c(x, *, mesh, entries, k, inverse, layout, norm, dtype, given):
+    """The transform of `x`, sharded `given`; `entries` are the forward input's (`_validated`)."""
     body, in_spec, out_spec = _local(
         entries, k, dict(mesh.shape), inverse=inverse, layout=layout, norm=norm
     )
-    return jax.shard_map(body, mesh=mesh, in_specs=in_spec, out_specs=out_spec)(x.astype(dtype))
+    # `given` differs from `in_spec` only by mesh axes of size 1 (the same blocks), which
+    # shard_map must be told as x's type names them; the result carries none of them
+    trivial = P(*given) != in_spec
+    run = jax.shard_map(
+        body, mesh=mesh, in_specs=P(*given), out_specs=out_spec, check_vma=not trivial
+    )
+    return run(x.astype(dtype))
 
 
 def _check_splits(shape: tuple, entries: tuple, k: int, mesh, fname: str) -> None:
@@ -191,22 +199,33 @@ def forward(x, *, k, norm, layout, spec, mesh, fname):
     if PT.applies(x, spec):  # inside jit on Auto axes: XLA's partitioner lays x out
         return _partitioned(tuple(x.shape), k, norm, layout, False, fname)(x.astype(dtype))
     mesh, entries = L.resolve(x, spec, mesh, fname)
-    entries = _validated(
-        tuple(x.shape), entries, k, mesh, inverse=False, layout=layout, fname=fname
+    given, entries = (
+        entries,
+        validated(tuple(x.shape), entries, k, mesh, inverse=False, layout=layout, fname=fname),
     )
     return _c2c(
-        x, mesh=mesh, entries=entries, k=k, inverse=False, layout=layout, norm=norm, dtype=dtype
-    )
+        x, mesh=mesh, entries=entries, k=k, inverse=False, layout=layout, norm=norm, dtype=dtype,
+        given=given,
+    )  # fmt: skip
 
 
-def _validated(shape: tuple, entries: tuple, k: int, mesh, *, inverse, layout, fname) -> tuple:
+def validated(shape: tuple, entries: tuple, k: int, mesh, *, inverse, layout, fname) -> tuple:
     """The PartitionSpec entries of the forward input, checked, from those of the argument (the
-    input, or for an inverse transform the spectrum in `layout`) of global `shape`."""
+    input, or for an inverse transform the spectrum in `layout`) of global `shape`.
+
+    A last FFT dim sharded over mesh axes of size 1 only is whole: its entry becomes None (the
+    natural layout moves the last entry off the spectrum, and the transposed inverse needs that
+    dim whole), which leaves the sharding the same.
+    """
+    last = entries[-1]
+    if last is not None and L.entry_size(last, dict(mesh.shape)) == 1:
+        entries = entries[:-1] + (None,)
     if inverse:
+        _check_spectrum(entries, k, fname)
         entries = original_entries(entries, k, layout, fname)
         if layout == "transposed":
             shape = L.roll(shape, k, -1)
-    L.check_fft_entries(entries, mesh, k, fname)
+    L.check_fft_entries(entries, mesh, k, fname, shape=shape)
     _check_splits(shape, entries, k, mesh, fname)
     return entries
 
@@ -234,7 +253,7 @@ def _partitioned(
         return y if layout == "natural" else jnp.moveaxis(y, nb, -1)
 
     def plan(mesh, entries):
-        ins = _validated(shape, entries, k, mesh, inverse=inverse, layout=layout, fname=fname)
+        ins = validated(shape, entries, k, mesh, inverse=inverse, layout=layout, fname=fname)
         return _local(ins, k, dict(mesh.shape), inverse=inverse, layout=layout, norm=norm)
 
     def adjoint():
@@ -245,6 +264,20 @@ def _partitioned(
     rule = PT.moved_rule(shape, out_shape, moves)
     op = PT.op(plan=plan, reference=reference, rule=rule, fname=fname, cotangent=cotangent)
     return PT.linear(op, adjoint)
+
+
+def _check_spectrum(entries: tuple, k: int, fname: str) -> None:
+    """Raises for a spectrum no complex forward transform makes: an FFT dim sharded over
+    several mesh axes, the layout of `prfft3d`'s half spectrum on a slab."""
+    nb = len(entries) - k
+    for i, e in enumerate(entries[nb:]):
+        if isinstance(e, tuple):
+            raise ShardkitValueError(
+                f"{fname}: y's dim {nb + i} is sharded over several mesh axes {e} "
+                f"(spec {P(*entries)}), which no complex forward transform gives its spectrum; "
+                f"prfft3d's half spectrum is laid out so; fix: invert a half spectrum with "
+                f"pirfft3d, or pass {fname} the output of the complex forward transform."
+            )
 
 
 def original_entries(entries: tuple, k: int, layout: str, fname: str) -> tuple:
@@ -281,12 +314,13 @@ def inverse(y, *, k, norm, layout, spec, mesh, fname):
     if PT.applies(y, spec):  # inside jit on Auto axes: XLA's partitioner lays y out
         return _partitioned(tuple(y.shape), k, norm, layout, True, fname)(y)
     mesh, spec_entries = L.resolve(y, spec, mesh, fname)
-    entries = _validated(
+    entries = validated(
         tuple(y.shape), spec_entries, k, mesh, inverse=True, layout=layout, fname=fname
     )
     return _c2c(
-        y, mesh=mesh, entries=entries, k=k, inverse=True, layout=layout, norm=norm, dtype=dtype
-    )
+        y, mesh=mesh, entries=entries, k=k, inverse=True, layout=layout, norm=norm, dtype=dtype,
+        given=spec_entries,
+    )  # fmt: skip
 
 
 def layout_of(shape: tuple, entries: tuple, k: int, layout: str) -> L.SpectralLayout:

@@ -60,10 +60,15 @@ def spectral_layout(
     L.check_choice("ndim", ndim, (3,) if real else (2, 3), fname)
     L.check_rank(x, ndim, fname)
     mesh, entries = L.resolve(x, spec, mesh, fname)
-    L.check_fft_entries(entries, mesh, ndim, fname)
-    if real:
-        return _real.layout_of(tuple(x.shape), entries, mesh, layout)
-    return _complex.layout_of(tuple(x.shape), entries, ndim, layout)
+    shape = tuple(x.shape)
+    if real:  # the checks of the transform itself
+        L.check_fft_entries(entries, mesh, 3, fname, shape=shape)
+        _real.check_sizes(shape, entries[:-3], entries[-3], entries[-2], mesh, fname)
+        return _real.layout_of(shape, entries, mesh, layout)
+    entries = _complex.validated(
+        shape, entries, ndim, mesh, inverse=False, layout=layout, fname=fname
+    )
+    return _complex.layout_of(shape, entries, ndim, layout)
 
 
 def fftfreq3d(

@@ -97,6 +97,13 @@ def _check(x, width: Any, fname: str, spec, mesh, padded: bool):
         )
     mesh, entries = L.resolve(x, spec, mesh, fname)
     sizes = dict(mesh.shape)
+    if not any(L.entry_size(e, sizes) > 1 for e in entries):
+        raise ShardkitValueError(
+            f"{fname}: x (shape {tuple(x.shape)}, spec {P(*entries)}) is not sharded over mesh "
+            f"{sizes}, so no shard has a neighbour to exchange with; fix: shard x first, e.g. "
+            f"jax.device_put(x, NamedSharding(mesh, P('x'))), or pad a replicated array with "
+            f"jnp.pad(x, {width}, mode='wrap')."
+        )
     for d, e in enumerate(entries):
         n = L.entry_size(e, sizes)
         L.check_divisible(tuple(x.shape), d, e, mesh, fname, "it is sharded over that mesh axis")

@@ -204,7 +204,13 @@ def check_rank(x: Any, k: int, fname: str) -> None:
 
 
 def check_fft_entries(
-    entries: tuple[Entry, ...], mesh: Any, k: int, fname: str, *, last_whole: bool = True
+    entries: tuple[Entry, ...],
+    mesh: Any,
+    k: int,
+    fname: str,
+    *,
+    shape: tuple | None = None,
+    last_whole: bool = True,
 ) -> None:
     """Validates the PartitionSpec entries of the FFT dims and the use of the mesh.
 
@@ -235,7 +241,7 @@ def check_fft_entries(
     if unused:
         if not any(entry_size(e, mesh_shape) > 1 for e in entries):
             raise ShardkitValueError(
-                f"{fname}: x (shape {_shape_str(entries)}) is not sharded over mesh "
+                f"{fname}: x ({_shape_str(shape, entries)}) is not sharded over mesh "
                 f"{mesh_shape}; a distributed transform needs it sharded; fix: "
                 f"x = jax.device_put(x, NamedSharding(mesh, P(...))) sharding dim {nb} (and "
                 f"dim {nb + 1} for a pencil transform); for a replicated array use jnp.fft."
@@ -249,8 +255,9 @@ def check_fft_entries(
         )
 
 
-def _shape_str(entries: tuple[Entry, ...]) -> str:
-    return f"with spec {P(*entries)}"
+def _shape_str(shape: tuple | None, entries: tuple[Entry, ...]) -> str:
+    where = f"spec {P(*entries)}"
+    return f"shape {tuple(shape)}, {where}" if shape is not None else where
 
 
 def check_divisible(

@@ -117,7 +117,7 @@ def _r2c(x, *, mesh, batch, ab, inverse, layout, norm, n, dtype):
     return jax.shard_map(forward, mesh=mesh, in_specs=in_spec, out_specs=out_spec)(x.astype(dtype))
 
 
-def _check_sizes(shape: tuple, batch: tuple, a, b, mesh, fname: str) -> None:
+def check_sizes(shape: tuple, batch: tuple, a, b, mesh, fname: str) -> None:
     nb = len(batch)
     for d, e in enumerate(batch + (a, b, None)):
         L.check_divisible(shape, d, e, mesh, fname, "it is sharded over that mesh axis")
@@ -214,9 +214,9 @@ def prfft3d(
         run = functools.partial(prfft3d, norm=norm, layout=layout)
         return V.call_batched(run, x, spec, mesh, jax.ShapeDtypeStruct(kshape, cdtype))
     mesh, entries = L.resolve(x, spec, mesh, fname)
-    L.check_fft_entries(entries, mesh, 3, fname)
+    L.check_fft_entries(entries, mesh, 3, fname, shape=tuple(x.shape))
     batch, a, b = entries[:-3], entries[-3], entries[-2]
-    _check_sizes(tuple(x.shape), batch, a, b, mesh, fname)
+    check_sizes(tuple(x.shape), batch, a, b, mesh, fname)
     return _r2c(
         x,
         mesh=mesh,
@@ -309,8 +309,8 @@ def pirfft3d(
         )
     batch = entries[:-3]
     a, b = _original_ab(entries[-3:], dict(mesh.shape), fname)
-    L.check_fft_entries(batch + (a, b, None), mesh, 3, fname)
-    _check_sizes(kshape[:-1] + (n,), batch, a, b, mesh, fname)
+    L.check_fft_entries(batch + (a, b, None), mesh, 3, fname, shape=kshape[:-1] + (n,))
+    check_sizes(kshape[:-1] + (n,), batch, a, b, mesh, fname)
     return _r2c(
         y,
         mesh=mesh,

@@ -73,7 +73,7 @@ def _step(x, *, mesh, entries, forward):
 
 def _check(shape: tuple, entries: tuple, mesh, forward: bool, fname: str) -> None:
     """Raises ValueError unless one step can run on an input of `shape` sharded `entries`."""
-    L.check_fft_entries(entries, mesh, 3, fname)
+    L.check_fft_entries(entries, mesh, 3, fname, shape=shape)
     nb = len(entries) - 3
     split_by = entries[nb + 1] if forward else entries[nb]
     for d, e in enumerate(entries):
