@@ -156,7 +156,7 @@ def _local(entries: tuple, k: int, mesh_shape: dict, *, inverse: bool, layout: s
     static_argnames=("mesh", "entries", "k", "inverse", "layout", "norm", "dtype", "given"),
 )
 def _c2c(x, *, mesh, entries, k, inverse, layout, norm, dtype, given):
-    """The transform of `x`, sharded `given`; `entries` are the forward input's (`_validated`)."""
+    """The transform of `x`, sharded `given`; `entries` are the forward input's (`validated`)."""
     body, in_spec, out_spec = _local(
         entries, k, dict(mesh.shape), inverse=inverse, layout=layout, norm=norm
     )
@@ -199,10 +199,8 @@ def forward(x, *, k, norm, layout, spec, mesh, fname):
     if PT.applies(x, spec):  # inside jit on Auto axes: XLA's partitioner lays x out
         return _partitioned(tuple(x.shape), k, norm, layout, False, fname)(x.astype(dtype))
     mesh, entries = L.resolve(x, spec, mesh, fname)
-    given, entries = (
-        entries,
-        validated(tuple(x.shape), entries, k, mesh, inverse=False, layout=layout, fname=fname),
-    )
+    given = entries
+    entries = validated(tuple(x.shape), given, k, mesh, inverse=False, layout=layout, fname=fname)
     return _c2c(
         x, mesh=mesh, entries=entries, k=k, inverse=False, layout=layout, norm=norm, dtype=dtype,
         given=given,

@@ -120,8 +120,9 @@ def op(
         fname: the public function's name, for errors.
         cotangent: the op is a VJP, applied to a cotangent the user never sees: when the
             partitioner gives it a sharding the transform cannot use (e.g. replicated, for the
-            loss `sum(real(y) * w)` with `w` replicated), the op asks for one it can use
-            (`_usable`) and the partitioner reshards the cotangent, instead of raising.
+            loss `sum(real(y) * w)` with `w` replicated), the op picks one it can use
+            (`_usable`), slicing its block from the cotangent's or having it resharded,
+            instead of raising.
 
     Returns:
         The op. It is jitted, so that called on a concrete array (under `jax.grad` without

@@ -110,9 +110,8 @@ def _check_finite(a: jax.Array) -> None:
 def _check_square_factors(f: LUFactors) -> None:
     """Raises for the factors of a non-square matrix, which has no determinant."""
     if f.m is not None:
-        n = f.n
         raise ShardkitValueError(
-            f"a: these LUFactors are of a ({f.m}, {n}) matrix, which has no determinant; "
+            f"a: these LUFactors are of a ({f.m}, {f.n}) matrix, which has no determinant; "
             "fix: pass the factors of a square matrix."
         )
 

@@ -317,15 +317,12 @@ def check_matrix(a, arg: str, *, square: bool = True, stacked: str | None = None
     """Raises unless ``a`` is a (square, if ``square``) floating or complex matrix; the message
     points a stack of matrices to the batched function ``stacked`` when there is one."""
     shape = tuple(getattr(a, "shape", ()))
-    hint = f"; for a stack of matrices (B, M, N) use {stacked}" if stacked else ""
-    if not square and len(shape) != 2:
-        raise ShardkitValueError(
-            f"{arg}: expected a matrix (M, N), got shape {shape}. Pass a 2-D array{hint}."
-        )
+    kind, dims = ("square matrix", "N, N") if square else ("matrix", "M, N")
+    hint = f"; for a stack of matrices (B, {dims}) use {stacked}" if stacked else ""
     if len(shape) != 2 or (square and shape[0] != shape[1]):
         raise ShardkitValueError(
-            f"{arg}: expected a square matrix (N, N), got shape {shape}. "
-            f"Pass a 2-D square array{hint.replace('(B, M, N)', '(B, N, N)')}."
+            f"{arg}: expected a {kind} ({dims}), got shape {shape}. "
+            f"Pass a 2-D{' square' if square else ''} array{hint}."
         )
     check_dtype(a, arg)
 
