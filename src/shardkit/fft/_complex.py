@@ -267,15 +267,14 @@ def _partitioned(
 def _check_spectrum(entries: tuple, k: int, fname: str) -> None:
     """Raises for a spectrum no complex forward transform makes: an FFT dim sharded over
     several mesh axes, the layout of `prfft3d`'s half spectrum on a slab."""
-    nb = len(entries) - k
-    for i, e in enumerate(entries[nb:]):
-        if isinstance(e, tuple):
-            raise ShardkitValueError(
-                f"{fname}: y's dim {nb + i} is sharded over several mesh axes {e} "
-                f"(spec {P(*entries)}), which no complex forward transform gives its spectrum; "
-                f"prfft3d's half spectrum is laid out so; fix: invert a half spectrum with "
-                f"pirfft3d, or pass {fname} the output of the complex forward transform."
-            )
+    multi = L.multi_axis_dim(entries, k)
+    if multi is not None:
+        raise ShardkitValueError(
+            f"{fname}: y's dim {multi[0]} is sharded over several mesh axes {multi[1]} "
+            f"(spec {P(*entries)}), which no complex forward transform gives its spectrum; "
+            f"prfft3d's half spectrum is laid out so; fix: invert a half spectrum with "
+            f"pirfft3d, or pass {fname} the output of the complex forward transform."
+        )
 
 
 def original_entries(entries: tuple, k: int, layout: str, fname: str) -> tuple:

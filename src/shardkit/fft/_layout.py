@@ -203,6 +203,13 @@ def check_rank(x: Any, k: int, fname: str) -> None:
         )
 
 
+def multi_axis_dim(entries: tuple[Entry, ...], k: int) -> tuple[int, tuple] | None:
+    """The first of the trailing `k` (FFT) dims sharded over several mesh axes, and its
+    entry, or None."""
+    nb = len(entries) - k
+    return next(((nb + i, e) for i, e in enumerate(entries[nb:]) if isinstance(e, tuple)), None)
+
+
 def check_fft_entries(
     entries: tuple[Entry, ...],
     mesh: Any,
@@ -220,14 +227,15 @@ def check_fft_entries(
     """
     mesh_shape = dict(mesh.shape)
     nb = len(entries) - k
-    for i, e in enumerate(entries[nb:]):
-        if isinstance(e, tuple):
-            raise ShardkitValueError(
-                f"{fname}: FFT dim {nb + i} is sharded over several mesh axes {e}; each FFT dim "
-                f"takes at most one mesh axis; fix: shard the FFT dims over one mesh axis each, "
-                f"e.g. P({', '.join(repr(n) for n in e)}) on two dims, or merge the axes in the "
-                f"mesh."
-            )
+    multi = multi_axis_dim(entries, k)
+    if multi is not None:
+        d, e = multi
+        raise ShardkitValueError(
+            f"{fname}: FFT dim {d} is sharded over several mesh axes {e}; each FFT dim "
+            f"takes at most one mesh axis; fix: shard the FFT dims over one mesh axis each, "
+            f"e.g. P({', '.join(repr(n) for n in e)}) on two dims, or merge the axes in the "
+            f"mesh."
+        )
     if last_whole and entries[-1] is not None and entry_size(entries[-1], mesh_shape) > 1:
         spec_fix = P(*entries[:-1], None)
         raise ShardkitValueError(
