@@ -337,6 +337,23 @@ def test_a_last_dim_sharded_over_a_size_1_axis_is_whole(axis_type, mesh_shape, s
         assert _same_layout(x2, x) and _relerr(x2, host) < 1e-5
 
 
+def test_real_transforms_and_transposes_with_a_last_dim_on_a_size_1_axis(axis_type):
+    mesh = jax.make_mesh((2, 4, 1), ("x", "y", "z"), axis_types=(axis_type,) * 3)
+    host = _data((8, 8, 6), np.float32)
+    x = _put(host, mesh, P("x", "y", "z"))
+    want = np.fft.rfftn(host.astype(np.float64))
+    for layout in ("natural", "transposed"):
+        y = skfft.prfft3d(x, layout=layout)
+        assert _relerr(y, want if layout == "natural" else np.moveaxis(want, 0, -1)) < 1e-5
+        x2 = skfft.pirfft3d(y, layout=layout)
+        assert _same_layout(x2, x) and _relerr(x2, host) < 1e-5
+    cube = _data((8, 8, 8), np.float32)  # the transposes split Z over 'y'
+    c = _put(cube, mesh, P("x", "y", "z"))
+    g = skfft.transpose_zy(c)
+    np.testing.assert_array_equal(np.asarray(g), np.transpose(cube, (2, 0, 1)))
+    assert _same_layout(skfft.transpose_yz(g), c)
+
+
 def test_batched_fftn_has_zero_collectives(axis_type):
     mesh = jax.make_mesh((8,), ("data",), axis_types=(axis_type,))
     host = _data((8, 16, 12), np.complex64)

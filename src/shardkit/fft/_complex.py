@@ -160,13 +160,7 @@ def _c2c(x, *, mesh, entries, k, inverse, layout, norm, dtype, given):
     body, in_spec, out_spec = _local(
         entries, k, dict(mesh.shape), inverse=inverse, layout=layout, norm=norm
     )
-    # `given` differs from `in_spec` only by mesh axes of size 1 (the same blocks), which
-    # shard_map must be told as x's type names them; the result carries none of them
-    trivial = P(*given) != in_spec
-    run = jax.shard_map(
-        body, mesh=mesh, in_specs=P(*given), out_specs=out_spec, check_vma=not trivial
-    )
-    return run(x.astype(dtype))
+    return L.shard_map_as_given(body, mesh, given, in_spec, out_spec)(x.astype(dtype))
 
 
 def _check_splits(shape: tuple, entries: tuple, k: int, mesh, fname: str) -> None:
@@ -215,9 +209,7 @@ def validated(shape: tuple, entries: tuple, k: int, mesh, *, inverse, layout, fn
     natural layout moves the last entry off the spectrum, and the transposed inverse needs that
     dim whole), which leaves the sharding the same.
     """
-    last = entries[-1]
-    if last is not None and L.entry_size(last, dict(mesh.shape)) == 1:
-        entries = entries[:-1] + (None,)
+    entries = L.whole_if_trivial(entries, dict(mesh.shape))
     if inverse:
         _check_spectrum(entries, k, fname)
         entries = original_entries(entries, k, layout, fname)

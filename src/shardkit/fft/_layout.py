@@ -210,6 +210,26 @@ def multi_axis_dim(entries: tuple[Entry, ...], k: int) -> tuple[int, tuple] | No
     return next(((nb + i, e) for i, e in enumerate(entries[nb:]) if isinstance(e, tuple)), None)
 
 
+def whole_if_trivial(entries: tuple[Entry, ...], mesh_shape: dict[str, int]) -> tuple:
+    """`entries` with the last dim's entry None when its mesh axes all have size 1: that dim is
+    whole (the transforms need it whole, and move or drop its entry)."""
+    last = entries[-1]
+    if last is not None and entry_size(last, mesh_shape) == 1:
+        return entries[:-1] + (None,)
+    return entries
+
+
+def shard_map_as_given(body, mesh: Any, given: tuple, in_spec: P, out_spec: P):
+    """`jax.shard_map` of `body` over an input sharded `given`, which differs from the
+    `in_spec` the body was planned for at most by mesh axes of size 1 (`whole_if_trivial`):
+    the same blocks, but shard_map must be told the input's own spec on Explicit axes, and
+    cannot infer that the output is replicated over a size-1 axis it no longer names."""
+    trivial = P(*given) != in_spec
+    return jax.shard_map(
+        body, mesh=mesh, in_specs=P(*given), out_specs=out_spec, check_vma=not trivial
+    )
+
+
 def check_fft_entries(
     entries: tuple[Entry, ...],
     mesh: Any,

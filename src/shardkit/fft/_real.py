@@ -49,9 +49,11 @@ def natural_entries(a, b, kind: str) -> tuple:
 
 
 @functools.partial(
-    jax.jit, static_argnames=("mesh", "batch", "ab", "inverse", "layout", "norm", "n", "dtype")
+    jax.jit,
+    static_argnames=("mesh", "batch", "ab", "inverse", "layout", "norm", "n", "dtype", "given"),
 )
-def _r2c(x, *, mesh, batch, ab, inverse, layout, norm, n, dtype):
+def _r2c(x, *, mesh, batch, ab, inverse, layout, norm, n, dtype, given=None):
+    """The real transform of `x`; a forward input is sharded `given` (`L.shard_map_as_given`)."""
     a, b = ab
     nb = len(batch)
     kind = _kind(a, b, dict(mesh.shape))
@@ -114,7 +116,8 @@ def _r2c(x, *, mesh, batch, ab, inverse, layout, norm, n, dtype):
         return jax.shard_map(inverse_, mesh=mesh, in_specs=out_spec, out_specs=in_spec)(
             x.astype(dtype)
         )
-    return jax.shard_map(forward, mesh=mesh, in_specs=in_spec, out_specs=out_spec)(x.astype(dtype))
+    run = L.shard_map_as_given(forward, mesh, given or tuple(in_spec), in_spec, out_spec)
+    return run(x.astype(dtype))
 
 
 def check_sizes(shape: tuple, batch: tuple, a, b, mesh, fname: str) -> None:
@@ -227,6 +230,7 @@ def prfft3d(
         norm=norm,
         n=None,
         dtype=rdtype,
+        given=entries,
     )
 
 

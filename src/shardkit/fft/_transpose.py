@@ -65,10 +65,10 @@ def _local(entries: tuple, mesh_shape: dict, forward: bool):
     return body, P(*entries), P(*_out_entries(entries))
 
 
-@functools.partial(jax.jit, static_argnames=("mesh", "entries", "forward"))
-def _step(x, *, mesh, entries, forward):
+@functools.partial(jax.jit, static_argnames=("mesh", "entries", "forward", "given"))
+def _step(x, *, mesh, entries, forward, given):
     body, in_spec, out_spec = _local(entries, dict(mesh.shape), forward)
-    return jax.shard_map(body, mesh=mesh, in_specs=in_spec, out_specs=out_spec)(x)
+    return L.shard_map_as_given(body, mesh, given, in_spec, out_spec)(x)
 
 
 def _check(shape: tuple, entries: tuple, mesh, forward: bool, fname: str) -> None:
@@ -119,9 +119,10 @@ def _transpose(x, *, forward: bool, spec, mesh, fname: str):
         return V.call_batched(run, x, spec, mesh, jax.ShapeDtypeStruct(shape, x.dtype))
     if PT.applies(x, spec):  # inside jit on Auto axes: XLA's partitioner lays x out
         return _partitioned(tuple(x.shape), forward, fname)(x)
-    mesh, entries = L.resolve(x, spec, mesh, fname)
+    mesh, given = L.resolve(x, spec, mesh, fname)
+    entries = L.whole_if_trivial(given, dict(mesh.shape))
     _check(tuple(x.shape), entries, mesh, forward, fname)
-    return _step(x, mesh=mesh, entries=entries, forward=forward)
+    return _step(x, mesh=mesh, entries=entries, forward=forward, given=given)
 
 
 def transpose_zy(
