@@ -236,7 +236,7 @@ def check_fft_entries(
     k: int,
     fname: str,
     *,
-    shape: tuple | None = None,
+    shape: tuple,
     last_whole: bool = True,
 ) -> None:
     """Validates the PartitionSpec entries of the FFT dims and the use of the mesh.
@@ -269,7 +269,7 @@ def check_fft_entries(
     if unused:
         if not any(entry_size(e, mesh_shape) > 1 for e in entries):
             raise ShardkitValueError(
-                f"{fname}: x ({_shape_str(shape, entries)}) is not sharded over mesh "
+                f"{fname}: x (shape {tuple(shape)}, spec {P(*entries)}) is not sharded over mesh "
                 f"{mesh_shape}; a distributed transform needs it sharded; fix: "
                 f"x = jax.device_put(x, NamedSharding(mesh, P(...))) sharding dim {nb} (and "
                 f"dim {nb + 1} for a pencil transform); for a replicated array use jnp.fft."
@@ -281,11 +281,6 @@ def check_fft_entries(
             f"mesh without those axes, shard a batch dim over them, or shard FFT dim {nb} over "
             f"them too."
         )
-
-
-def _shape_str(shape: tuple | None, entries: tuple[Entry, ...]) -> str:
-    where = f"spec {P(*entries)}"
-    return f"shape {tuple(shape)}, {where}" if shape is not None else where
 
 
 def check_divisible(
