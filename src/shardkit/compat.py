@@ -19,6 +19,7 @@ from typing import Any
 
 __all__ = [
     "backend_started",
+    "context_mesh",
     "distributed_client",
     "is_vmap_mapped",
     "scan_parts",
@@ -39,6 +40,19 @@ def backend_started() -> bool:
         return bool(xla_bridge._backends)  # noqa: SLF001
     except (ImportError, AttributeError):  # pragma: no cover - the cache moved in a later JAX
         return False
+
+
+def context_mesh() -> Any:
+    """The concrete mesh of ``jax.set_mesh``, also while a transformation traces (an empty mesh
+    when none is set).
+
+    The public ``jax.sharding.get_mesh()`` refuses whenever any trace is active, including plain
+    ``jax.grad`` or ``jax.vmap`` outside ``jit``, where a traced value names only an abstract
+    mesh and arrays can still be placed on the concrete one (0.10.2–0.12).
+    """
+    from jax._src import mesh  # private: get_mesh refuses under any trace
+
+    return mesh.get_concrete_mesh()
 
 
 def distributed_client() -> Any | None:

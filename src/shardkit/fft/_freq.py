@@ -116,6 +116,7 @@ def fftfreq3d(
     L.check_choice("layout", layout, L.LAYOUTS, fname)
     L.check_rank(y, 3, fname)
     mesh, entries = L.resolve(y, spec, mesh, fname)
+    mesh = L.concrete_mesh(mesh)
     ds = tuple(d) if isinstance(d, tuple | list) else (d,) * 3
     rank = len(y.shape)
     nb = rank - 3
@@ -139,7 +140,21 @@ def fftfreq3d(
         shape[nb + p] = size
         gspec = [None] * rank
         gspec[nb + p] = entries[nb + p]
-        sharding = NamedSharding(mesh, P(*gspec))
         # A complex128 spectrum means 64-bit types are enabled, so float64 grids survive.
-        grids[orig] = jax.device_put(freq.astype(dtype).reshape(shape), sharding)
+        grids[orig] = _place(freq.astype(dtype).reshape(shape), NamedSharding(mesh, P(*gspec)))
     return grids[0], grids[1], grids[2]
+
+
+def _place(grid: np.ndarray, sharding: NamedSharding) -> jax.Array:
+    """`grid` placed with `sharding`, or an error with the fix when its mesh is abstract (a
+    traced value's) and no devices can be found for it outside `jit`."""
+    try:
+        return jax.device_put(grid, sharding)
+    except ValueError as err:
+        if isinstance(sharding.mesh, jax.sharding.Mesh):
+            raise
+        raise ShardkitValueError(
+            f"fftfreq3d: y is traced on an abstract mesh {dict(sharding.mesh.shape)} outside "
+            f"jit (under jax.grad or jax.vmap alone), where JAX places no array; fix: pass "
+            f"mesh=mesh, or call it inside jax.set_mesh(mesh) or jax.jit."
+        ) from err

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from shardkit.compat import context_mesh
 from shardkit.errors import ShardkitTypeError, ShardkitValueError
 
 Layout = Literal["natural", "transposed"]
@@ -120,12 +121,23 @@ def resolve(x: Any, spec: P | None, mesh: Any, fname: str) -> tuple[Any, tuple[E
     sharding of a traced value is unknown, so `spec=` must be given.
     """
     ndim = len(x.shape)
-    known = spec_of(x)
+    known, own = spec_of(x), mesh_of(x)
+    if mesh is not None and own is not None and not _same_mesh(mesh, own):
+        raise ShardkitValueError(
+            f"{fname}: x is laid out on mesh {dict(own.shape)} but mesh= is another mesh "
+            f"{dict(mesh.shape)}; the transform never moves its input between meshes; fix: "
+            f"drop mesh=, or move x first with jax.device_put(x, NamedSharding(mesh, spec))."
+        )
     if mesh is None:
-        mesh = mesh_of(x)
+        mesh = own
     if mesh is None:
         context = jax.sharding.get_abstract_mesh()
         mesh = context if context.axis_names else None
+    if spec is not None and len(spec) > ndim:
+        raise ShardkitValueError(
+            f"{fname}: spec {spec} has {len(spec)} entries but x has rank {ndim} "
+            f"(shape {tuple(x.shape)}); fix: one PartitionSpec entry per dim at most."
+        )
     if spec is None:
         spec = known
     elif known is not None and normalize(known, ndim) != normalize(spec, ndim):
@@ -136,11 +148,6 @@ def resolve(x: Any, spec: P | None, mesh: Any, fname: str) -> tuple[Any, tuple[E
         )
     if spec is None or mesh is None:
         raise ShardkitValueError(_unknown_layout(x, mesh, fname))
-    if len(spec) > ndim:
-        raise ShardkitValueError(
-            f"{fname}: spec {spec} has {len(spec)} entries but x has rank {ndim} "
-            f"(shape {tuple(x.shape)}); fix: one PartitionSpec entry per dim at most."
-        )
     entries = normalize(spec, ndim)
     sizes = dict(mesh.shape)
     unknown = [n for e in entries for n in entry_names(e) if n not in sizes]
@@ -152,6 +159,27 @@ def resolve(x: Any, spec: P | None, mesh: Any, fname: str) -> tuple[Any, tuple[E
             "laid out on."
         )
     return mesh, entries
+
+
+def _same_mesh(a: Any, b: Any) -> bool:
+    """Whether two meshes are one: the same axes and sizes, and the same devices in the same
+    places when both are concrete (an abstract mesh, a traced value's, names no devices)."""
+    if tuple(a.axis_names) != tuple(b.axis_names) or dict(a.shape) != dict(b.shape):
+        return False
+    if not (isinstance(a, jax.sharding.Mesh) and isinstance(b, jax.sharding.Mesh)):
+        return True
+    return [d.id for d in a.devices.flat] == [d.id for d in b.devices.flat]
+
+
+def concrete_mesh(mesh: Any) -> Any:
+    """`mesh`, or when it is a traced value's abstract mesh, the concrete mesh of
+    `jax.set_mesh` with the same axes: arrays can be placed on it outside `jit` too (under
+    `jax.grad` or `jax.vmap` alone)."""
+    if isinstance(mesh, jax.sharding.Mesh):
+        return mesh
+    context = context_mesh()
+    concrete = isinstance(context, jax.sharding.Mesh) and not context.empty
+    return context if concrete and context.abstract_mesh == mesh else mesh
 
 
 _SPECTRUM_ARGS = ("pifft3d", "pifft2d", "pirfft3d", "batched_ifftn", "fftfreq3d")
@@ -250,19 +278,20 @@ def check_fft_entries(
     multi = multi_axis_dim(entries, k)
     if multi is not None:
         d, e = multi
+        last = last_whole and d == len(entries) - 1  # the last dim keeps none of them
+        keep, extra = (None, e) if last else (e[0], e[1:])
+        fix = _placed(entries[:d] + (keep,) + entries[d + 1 :], k, mesh_shape, extra)
         raise ShardkitValueError(
             f"{fname}: FFT dim {d} is sharded over several mesh axes {e}; each FFT dim "
-            f"takes at most one mesh axis; fix: shard the FFT dims over one mesh axis each, "
-            f"e.g. P({', '.join(repr(n) for n in e)}) on two dims, or merge the axes in the "
-            f"mesh."
+            f"takes at most one mesh axis; fix: {_fix(fix, extra)}"
         )
     if last_whole and entries[-1] is not None and entry_size(entries[-1], mesh_shape) > 1:
-        spec_fix = P(*entries[:-1], None)
+        last = entry_names(entries[-1])
+        fix = _placed(entries[:-1] + (None,), k, mesh_shape, last)
         raise ShardkitValueError(
             f"{fname}: the last FFT dim (dim {len(entries) - 1}) is sharded over mesh axis "
-            f"{entries[-1]!r} of size {mesh_shape[entries[-1]]}; it must be whole on every "
-            f"device; fix: shard the leading FFT dims instead, e.g. "
-            f"jax.sharding.reshard(x, {spec_fix}) with the freed mesh axis on dim {nb}."
+            f"{entries[-1]!r} of size {entry_size(entries[-1], mesh_shape)}; it must be whole "
+            f"on every device; fix: {_fix(fix, last)}"
         )
     used = {n for e in entries for n in entry_names(e)}
     unused = [n for n, s in mesh_shape.items() if s > 1 and n not in used]
@@ -277,10 +306,41 @@ def check_fft_entries(
         raise ShardkitValueError(
             f"{fname}: mesh {mesh_shape} has axes {unused} that shard no dim of x (spec "
             f"{P(*entries)}), so their devices would redo the same transform. The transform "
-            f"decomposes over at most {k - 1} mesh axes plus mesh axes on batch dims; fix: use a "
-            f"mesh without those axes, shard a batch dim over them, or shard FFT dim {nb} over "
-            f"them too."
+            f"decomposes over at most {k - 1} mesh axes plus mesh axes on batch dims (under "
+            f"jax.vmap of jax.grad or jax.jvp it sees one element and cannot tell that the "
+            f"mapped dim is sharded: differentiate the vmapped function instead, e.g. "
+            f"jax.grad(lambda xs: jnp.sum(jax.vmap(loss)(xs)))); fix: "
+            f"{_fix(_placed(entries, k, mesh_shape, tuple(unused)), tuple(unused))}"
         )
+
+
+def _placed(entries: tuple, k: int, mesh_shape: dict, axes: tuple) -> P | None:
+    """`entries` with mesh `axes` added where a transform takes them: one on each leading FFT
+    dim that is whole, the rest together on the first whole batch dim; None if they do not
+    fit."""
+    nb, out, left = len(entries) - k, list(entries), list(axes)
+    for d in range(nb, len(entries) - 1):
+        if left and entry_size(entries[d], mesh_shape) == 1:
+            out[d] = left.pop(0)
+    if left:
+        batch = [d for d in range(nb) if entry_size(entries[d], mesh_shape) == 1]
+        if not batch:
+            return None
+        out[batch[0]] = tuple(left) if len(left) > 1 else left[0]
+    return P(*out)
+
+
+def _fix(spec: P | None, axes: tuple) -> str:
+    """The end of an error message: reshard to `spec`, or, when no spec of this rank can use
+    mesh `axes`, the ways to do without them."""
+    if spec is not None:
+        return f"shard it as the transform takes it, e.g. jax.sharding.reshard(x, {spec})."
+    names = ", ".join(repr(n) for n in axes)
+    them = "them" if len(axes) > 1 else "it"
+    return (
+        f"x's dims cannot also use mesh axis {names}; use a mesh without {them}, or one that "
+        f"merges {them} with another axis, or add a leading batch dim sharded over {them}."
+    )
 
 
 def check_divisible(

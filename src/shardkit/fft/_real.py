@@ -33,10 +33,13 @@ from shardkit.fft._exchange import exchange, to_trailing, trailing_order
 
 
 def _kind(a, b, mesh_shape) -> str:
-    """Which decomposition a real transform of `x[X_a, Y_b, Z]` uses."""
+    """Which decomposition a real transform of `x[X_a, Y_b, Z]` uses ("local" when the FFT
+    dims are whole and only batch dims are sharded)."""
     act_a = L.entry_size(a, mesh_shape) > 1
     act_b = L.entry_size(b, mesh_shape) > 1
-    return "pencil" if act_a and act_b else ("slab_x" if act_a else "slab_y")
+    if act_a and act_b:
+        return "pencil"
+    return "slab_x" if act_a else ("slab_y" if act_b else "local")
 
 
 def natural_entries(a, b, kind: str) -> tuple:
@@ -45,7 +48,7 @@ def natural_entries(a, b, kind: str) -> tuple:
         return (None, (a, b), None)
     if kind == "slab_x":
         return (None, a, b)
-    return (b, a, None)
+    return (b, a, None)  # slab_y, and "local" (a and b shard nothing)
 
 
 @functools.partial(
@@ -80,6 +83,8 @@ def _r2c(x, *, mesh, batch, ab, inverse, layout, norm, n, dtype, given=None):
         # `order` lists the FFT dims (0=X, 1=Y, 2=Z) in local storage order; every FFT runs
         # over trailing local dims (see _complex.to_trailing).
         order = [0, 1, 2]
+        if kind == "local":
+            return to(jnp.fft.rfftn(blk, axes=(X, Y, Z), norm=norm), order, spectrum)
         if kind == "pencil":
             blk = jnp.fft.rfft(blk, axis=-1, norm=norm)  # [X_a, Y_b, KZ]
             blk, order = a2a_to(blk, order, b, 0, 1, [1])  # [X_ab, Y, KZ]
@@ -96,6 +101,9 @@ def _r2c(x, *, mesh, batch, ab, inverse, layout, norm, n, dtype, given=None):
 
     def inverse_(blk):
         order = list(spectrum)
+        if kind == "local":
+            blk = to(blk, order, [0, 1, 2])
+            return jnp.fft.irfftn(blk, s=(blk.shape[X], blk.shape[Y], n), axes=(X, Y, Z), norm=norm)
         if kind == "slab_y":
             blk, order = to_trailing(blk, order, [1], nb)
             blk = jnp.fft.ifft(blk, axis=-1, norm=norm)
@@ -131,7 +139,7 @@ def check_sizes(shape: tuple, batch: tuple, a, b, mesh, fname: str) -> None:
         L.check_divisible(shape, nb + 1, (a, b), mesh, fname, why)
     elif kind == "slab_x":
         L.check_divisible(shape, nb + 1, a, mesh, fname, why)
-    else:
+    elif kind == "slab_y":
         L.check_divisible(shape, nb, b, mesh, fname, why)
 
 
@@ -244,6 +252,8 @@ def _original_ab(kent: tuple, mesh_shape: dict, fname: str) -> tuple:
     if s0 is None and not isinstance(s1, tuple) and active(s1) and not active(s2):
         return s1, s2
     if not isinstance(s0, tuple) and active(s0) and s2 is None and not active(s1):
+        return s1, s0
+    if not any(active(e) for e in kent):  # FFT dims whole: only batch dims are sharded
         return s1, s0
     raise ShardkitValueError(
         f"{fname}: the half spectrum's FFT dims are sharded {P(*kent)} (natural order), which "

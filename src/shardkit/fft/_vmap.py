@@ -36,19 +36,31 @@ def is_mapped(x: Any) -> bool:
     return is_vmap_mapped(x)
 
 
-def _batch_entry(x: Any) -> L.Entry:
-    """The mesh axes that shard the mapped dim of `x`, as far as JAX lets them be read.
+def _batch_entry(x: Any, spec: P, mesh: Any) -> L.Entry:
+    """The mesh axes that shard the mapped dim of `x`, whose batch elements are sharded `spec`.
 
     From the batch's own sharding (a concrete array, or a traced value on Explicit mesh axes),
-    else from `jax.vmap(..., spmd_axis_name=...)`, else None (the mapped dim is whole).
+    else from `jax.vmap(..., spmd_axis_name=...)`. Else (Auto mesh axes inside `jit`) the mesh
+    axes of size > 1 that `spec` leaves unused, when the mapped dim divides into their shards:
+    a transform needs every such axis to shard some dim, so they can only shard the mapped dim
+    (if they do not, the partitioner reshards the batch to match, with the same result).
+    Otherwise None (the mapped dim is whole).
     """
-    spec = L.spec_of(x.val)
-    if spec is not None:
-        return L.normalize(spec, x.val.ndim)[x.batch_dim]
+    own = L.spec_of(x.val)
+    if own is not None:
+        return L.normalize(own, x.val.ndim)[x.batch_dim]
     name = getattr(getattr(x._trace, "axis_data", None), "spmd_name", None)
-    if name is None:
+    if name is not None:
+        return L.normalize(P(tuple(name) if isinstance(name, list | tuple) else name), 1)[0]
+    mesh = mesh if mesh is not None else L.mesh_of(x.val)
+    if mesh is None or not mesh.axis_names:
+        mesh = jax.sharding.get_abstract_mesh()
+    sizes = dict(mesh.shape)
+    used = {n for e in L.normalize(spec, len(x.shape)) for n in L.entry_names(e)}
+    idle = tuple(n for n, size in sizes.items() if size > 1 and n not in used)
+    if not idle or x.val.shape[x.batch_dim] % L.entry_size(idle, sizes):
         return None
-    return L.normalize(P(tuple(name) if isinstance(name, list | tuple) else name), 1)[0]
+    return idle if len(idle) > 1 else idle[0]
 
 
 def call_batched(run: Run, x: Any, spec: P | None, mesh: Any, out: jax.ShapeDtypeStruct):
@@ -64,7 +76,9 @@ def call_batched(run: Run, x: Any, spec: P | None, mesh: Any, out: jax.ShapeDtyp
     Returns:
         The result for one batch element, mapped by the same `jax.vmap`.
     """
-    full = None if spec is None else P(_batch_entry(x), *L.normalize(spec, len(x.shape)))
+    full = (
+        None if spec is None else P(_batch_entry(x, spec, mesh), *L.normalize(spec, len(x.shape)))
+    )
 
     @jax.custom_batching.custom_vmap
     def transform(a):

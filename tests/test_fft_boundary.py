@@ -1,0 +1,159 @@
+"""shardkit.fft at the user's boundary: layouts only batch dims shard, the wrong mesh passed,
+frequency grids under plain `jax.grad`, `vmap` with `spec=` inside `jit`, and error messages
+whose fix the transform accepts."""
+
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import AxisType, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import shardkit.fft as skfft
+
+TOL = 1e-5  # relative L2 error vs numpy in float64, float32 / complex64 data
+
+
+def _relerr(got, want):
+    got = np.asarray(got).astype(np.complex128)
+    return float(np.linalg.norm(got - want) / np.linalg.norm(want))
+
+
+def _put(x, mesh, spec):
+    return jax.device_put(x, NamedSharding(mesh, spec))
+
+
+@pytest.mark.parametrize("layout", ["natural", "transposed"])
+def test_real_transform_of_an_input_only_its_batch_dim_shards(layout, axis_type):
+    mesh = jax.make_mesh((8,), ("x",), axis_types=(axis_type,))
+    host = np.random.default_rng(0).standard_normal((8, 4, 6, 5)).astype(np.float32)
+    x = _put(host, mesh, P("x"))
+    y = skfft.prfft3d(x, layout=layout)
+    want = np.fft.rfftn(host.astype(np.float64), axes=(1, 2, 3))
+    if layout == "transposed":
+        want = np.moveaxis(want, 1, 3)
+    assert _relerr(y, want) < TOL
+    expected = skfft.spectral_layout(x, layout=layout, real=True)
+    assert y.shape == expected.shape
+    assert y.sharding.is_equivalent_to(NamedSharding(mesh, expected.spec), y.ndim)
+    back = skfft.pirfft3d(y, n=5, layout=layout)
+    assert _relerr(back, host) < TOL
+    assert back.sharding.is_equivalent_to(x.sharding, x.ndim)
+
+
+def test_real_transform_under_vmap_of_a_batch_sharded_array():
+    mesh = jax.make_mesh((8,), ("x",), axis_types=(AxisType.Explicit,))
+    host = np.random.default_rng(1).standard_normal((8, 4, 4, 6)).astype(np.float32)
+    y = jax.vmap(skfft.prfft3d)(_put(host, mesh, P("x")))
+    assert _relerr(y, np.fft.rfftn(host.astype(np.float64), axes=(1, 2, 3))) < TOL
+
+
+def test_a_mesh_argument_other_than_the_input_s_mesh_is_an_error():
+    m24 = jax.make_mesh((2, 4), ("x", "y"))
+    m42 = jax.make_mesh((4, 2), ("x", "y"))
+    x = _put(np.ones((8, 8, 4), np.complex64), m24, P("x", "y"))
+    with pytest.raises(ValueError, match=r"laid out on mesh \{'x': 2, 'y': 4\}.*fix: drop mesh="):
+        skfft.pfft3d(x, mesh=m42)
+    flipped = jax.sharding.Mesh(m24.devices[::-1], ("x", "y"))  # same axes, other devices
+    with pytest.raises(ValueError, match="another mesh"):
+        skfft.pfft3d(x, mesh=flipped)
+    assert _relerr(skfft.pfft3d(x, mesh=m24), np.fft.fftn(np.ones((8, 8, 4)))) < TOL
+
+
+def test_a_spec_longer_than_the_rank_is_named_as_such():
+    mesh = jax.make_mesh((2, 4), ("x", "y"))
+    x = _put(np.ones((8, 8, 4), np.complex64), mesh, P("x", "y"))
+    with pytest.raises(ValueError, match=r"has 4 entries but x has rank 3"):
+        skfft.pfft3d(x, spec=P("x", "y", None, None))
+
+
+def test_frequency_grids_of_a_spectrum_traced_by_grad_or_vmap_outside_jit():
+    mesh = jax.make_mesh((2, 4), ("x", "y"), axis_types=(AxisType.Explicit,) * 2)
+    host = np.random.default_rng(2).standard_normal((8, 8, 8)).astype(np.float32)
+
+    def energy(v):  # sum over k of |k|^2 |v_k|^2
+        yk = skfft.prfft3d(v)
+        kx, ky, kz = skfft.fftfreq3d(yk, real=True, n=8)
+        return jnp.sum(jnp.abs(yk) ** 2 * (kx**2 + ky**2 + kz**2))
+
+    def reference(v):
+        f, fz = jnp.fft.fftfreq(8), jnp.fft.rfftfreq(8)
+        k2 = f[:, None, None] ** 2 + f[None, :, None] ** 2 + fz[None, None, :] ** 2
+        return jnp.sum(jnp.abs(jnp.fft.rfftn(v)) ** 2 * k2)
+
+    want = np.asarray(jax.grad(reference)(jnp.asarray(host)), np.float64)
+    x = _put(host, mesh, P("x", "y"))
+    with jax.set_mesh(mesh):
+        got = jax.grad(energy)(x)
+        batched = jax.vmap(energy)(_put(np.stack([host, 2 * host]), mesh, P(None, "x", "y")))
+    assert _relerr(got, want) < TOL
+    assert np.allclose(np.asarray(batched) / float(reference(jnp.asarray(host))), [1, 4], rtol=1e-5)
+    with pytest.raises(ValueError, match=r"fftfreq3d: y is traced on an abstract mesh.*mesh=mesh"):
+        jax.grad(energy)(x)  # no jax.set_mesh: no devices to place the grids on
+
+
+@pytest.mark.parametrize("fn", ["pfft3d", "prfft3d"])
+def test_vmap_with_spec_inside_jit_on_auto_axes_reads_the_batch_axis(fn):
+    mesh = jax.make_mesh((2, 2, 2), ("b", "x", "y"), axis_types=(AxisType.Auto,) * 3)
+    host = np.random.default_rng(3).standard_normal((4, 8, 8, 4)).astype(np.float32)
+    xs = _put(host, mesh, P("b", "x", "y"))
+    transform = getattr(skfft, fn)
+    ys = jax.jit(jax.vmap(lambda a: transform(a, spec=P("x", "y"))))(xs)
+    numpy_fn = np.fft.fftn if fn == "pfft3d" else np.fft.rfftn
+    assert _relerr(ys, numpy_fn(host.astype(np.float64), axes=(1, 2, 3))) < TOL
+    # forward mode needs spec= on Auto axes (docs), and goes through the same vmap rule
+    mapped = jax.vmap(lambda a: transform(a, spec=P("x", "y")))
+    primal, tangent = jax.jit(lambda a: jax.jvp(mapped, (a,), (a,)))(xs)
+    assert _relerr(tangent, np.asarray(primal)) < TOL
+
+
+def test_vmap_of_grad_names_the_way_to_per_example_gradients():
+    mesh = jax.make_mesh((2, 2, 2), ("b", "x", "y"), axis_types=(AxisType.Explicit,) * 3)
+    host = np.random.default_rng(5).standard_normal((4, 8, 8, 4)).astype(np.float32)
+    xs = _put(host, mesh, P("b", "x", "y"))
+
+    def loss(v):
+        return jnp.sum(jnp.abs(skfft.pfft3d(v)) ** 2)
+
+    with pytest.raises(ValueError, match=r"jax.vmap of jax.grad.*jax.grad\(lambda xs: jnp.sum"):
+        jax.jit(jax.vmap(jax.grad(loss)))(xs)
+    got = jax.jit(jax.grad(lambda a: jnp.sum(jax.vmap(loss)(a))))(xs)
+    want = 2 * np.prod(host.shape[1:]) * host  # Parseval: |F x|^2 sums to N |x|^2
+    assert _relerr(got, want) < TOL
+
+
+# (mesh shape, axis names, a spec the transform refuses, transform, input shape)
+REFUSED = [
+    ((2, 2, 2), ("b", "x", "y"), P(None, ("x", "b"), "y"), "pfft3d", (4, 8, 8, 4)),
+    ((2, 4), ("x", "y"), P("x", None, "y"), "prfft3d", (8, 8, 8)),
+    ((2, 4), ("x", "y"), P("x", None, "y"), "pfft3d", (8, 8, 8)),
+    ((2, 4), ("x", "y"), P(("x", "y"), None, None), "pfft3d", (8, 8, 8)),
+    ((2, 4), ("x", "y"), P(None, None, ("x", "y")), "pfft3d", (8, 8, 8)),
+    ((2, 4), ("x", "y"), P(None, ("x", "y")), "pfft2d", (8, 8, 8)),
+    ((2, 2, 2), ("b", "x", "y"), P(None, "x", "y", None), "pfft3d", (4, 8, 8, 4)),
+]
+
+
+@pytest.mark.parametrize("mesh_shape,names,spec,fn,shape", REFUSED)
+def test_the_fix_an_error_suggests_is_accepted(mesh_shape, names, spec, fn, shape):
+    mesh = jax.make_mesh(mesh_shape, names, axis_types=(AxisType.Explicit,) * len(names))
+    host = np.random.default_rng(4).standard_normal(shape).astype(np.float32)
+    transform = getattr(skfft, fn)
+    with pytest.raises(ValueError) as err:
+        transform(_put(host, mesh, spec))
+    suggested = re.search(r"reshard\(x, (P\(.*\))\)\.$", str(err.value))
+    assert suggested, str(err.value)
+    fixed = eval(suggested.group(1), {"P": P})  # noqa: S307  (a spec printed by shardkit)
+    transform(_put(host, mesh, fixed))  # the suggestion is a layout the transform takes
+
+
+def test_an_error_without_a_layout_to_suggest_says_what_to_change():
+    mesh = jax.make_mesh((2, 2, 2), ("b", "x", "y"), axis_types=(AxisType.Explicit,) * 3)
+    x = _put(np.ones((8, 8, 4), np.float32), mesh, P("x", "y"))
+    with pytest.raises(ValueError, match=r"cannot also use mesh axis 'b'.*leading batch dim"):
+        skfft.pfft3d(x)
+    x2 = _put(np.ones((8, 8), np.complex64), mesh, P(("x", "y")))
+    with pytest.raises(ValueError, match=r"several mesh axes.*cannot also use mesh axis 'y'"):
+        skfft.pfft2d(x2)
