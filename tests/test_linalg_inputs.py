@@ -162,3 +162,91 @@ def test_numpy_integer_block_size_and_repeated_axis_names():
     np.testing.assert_allclose(x, np.linalg.solve(a, b), rtol=1e-4, atol=1e-5)
     with pytest.raises(ValueError, match=r"axis_names: \('r', 'r'\) names a mesh axis twice"):
         sl.solve(a, b, mesh=mesh, axis_names=("r", "r"))
+
+
+def _hermitian(n: int, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    g = rng.standard_normal((n, n)) + 1j * rng.standard_normal((n, n))
+    return (g @ g.conj().T / n + np.eye(n)).astype(np.complex64)
+
+
+def test_cg_conjugates_complex_vectors(mesh):
+    # b . b = 0 for this b without the conjugate: an unconjugated CG stops at x = 0
+    spd = (2 * np.eye(16) - np.eye(16, k=1) - np.eye(16, k=-1)).astype(np.complex64)
+    b = np.zeros(16, np.complex64)
+    b[0], b[1] = 1, 1j
+    for a, rhs in [(spd, b), (_hermitian(16, 10), _hermitian(16, 11)[0])]:
+        x, info = sl.cg(a, rhs, mesh=mesh, tol=1e-6)
+        ref = np.linalg.solve(a.astype(np.complex128), rhs)
+        assert np.linalg.norm(np.asarray(x) - ref) / np.linalg.norm(ref) < 1e-5
+        assert bool(info.converged) and int(info.iterations) > 0
+        assert not jnp.iscomplexobj(info.residual_norm)
+
+
+def test_cg_promotes_an_integer_right_hand_side(mesh):
+    a = (4 * np.eye(16) - np.eye(16, k=1) - np.eye(16, k=-1)).astype(np.float32)
+    b = np.arange(16, dtype=np.int32)
+    x, info = sl.cg(a, b, mesh=mesh, tol=1e-6)
+    assert x.dtype == np.float32 and bool(info.converged)
+    np.testing.assert_allclose(x, np.linalg.solve(a, b), rtol=1e-5, atol=1e-5)
+
+
+def test_solves_promote_a_wider_right_hand_side_as_jnp_does():
+    mesh = jax.make_mesh((8,), ("x",))
+    a = (4 * np.eye(16) - np.eye(16, k=1) - np.eye(16, k=-1)).astype(np.float32)  # exact
+    rng = np.random.default_rng(12)
+    with jax.enable_x64(True):
+        b = rng.standard_normal(16)  # float64
+        ref = np.linalg.solve(a.astype(np.float64), b)
+        x = sl.solve(a, b, mesh=mesh)
+        assert x.dtype == jnp.linalg.solve(a, b).dtype == np.float64
+        np.testing.assert_allclose(x, ref, rtol=1e-13)  # float32 would be off by ~1e-7
+        lower = np.tril(a)
+        x = sl.triangular_solve(lower, b, lower=True, mesh=mesh)
+        assert x.dtype == np.float64
+        np.testing.assert_allclose(x, spl.solve_triangular(lower, b, lower=True), rtol=1e-13)
+        for factors, solver in [
+            (sl.lu(a, mesh=mesh), sl.lu_solve),
+            (sl.cholesky(a, mesh=mesh), sl.cho_solve),
+        ]:
+            assert solver(factors, b).dtype == np.float64  # factors in float32: float32 accuracy
+            np.testing.assert_allclose(solver(factors, b), ref, rtol=1e-5)
+        bc = (b + 1j * rng.standard_normal(16)).astype(np.complex128)
+        x = sl.solve(a.astype(np.complex64), bc, mesh=mesh)
+        assert x.dtype == np.complex128
+        np.testing.assert_allclose(x, np.linalg.solve(a.astype(np.complex128), bc), rtol=1e-13)
+
+
+@pytest.mark.parametrize("fn", ["slogdet", "det"])
+def test_gradients_through_grid_det_raise_with_the_fix(fn):
+    mesh = jax.make_mesh((2, 4), ("r", "c"))
+    a = np.random.default_rng(13).standard_normal((32, 32)).astype(np.float32) + 8 * np.eye(32)
+
+    def f(x):
+        factors = sl.lu(x, mesh=mesh, grid=("r", "c"), block_size=4)
+        return sl.slogdet(factors)[1] if fn == "slogdet" else sl.det(factors)
+
+    want = jnp.linalg.slogdet(a)[1] if fn == "slogdet" else jnp.linalg.det(a)
+    np.testing.assert_allclose(f(a), want, rtol=1e-4)
+    with jax.set_mesh(mesh), pytest.raises(ValueError, match=r"lu, det or slogdet.*drop grid="):
+        jax.grad(f)(a)
+
+
+def test_nan_on_the_grid_gives_non_finite_factors_not_a_zero_pivot():
+    mesh = jax.make_mesh((2, 4), ("r", "c"))
+    a = np.random.default_rng(14).standard_normal((16, 16)).astype(np.float32) + 4 * np.eye(16)
+    a[4, 9] = np.nan
+    f = sl.lu(a, mesh=mesh, grid=("r", "c"), block_size=2)
+    assert int(f.info) == 0  # no exactly zero pivot: the factors are NaN
+    assert np.isnan(jax.jit(lambda x: sl.slogdet(x, mesh=mesh, grid=("r", "c")))(a)[1])
+    with pytest.raises(sl.SingularMatrixError, match="not finite"):
+        sl.solve(a, np.ones(16, np.float32), mesh=mesh, grid=("r", "c"))
+
+
+@pytest.mark.parametrize("fn", ["solve", "det", "lu", "cholesky", "triangular_solve"])
+def test_an_empty_matrix_is_named(mesh, fn):
+    a = np.zeros((0, 0), np.float32)
+    args = (a, np.zeros(0, np.float32)) if fn in ("solve", "triangular_solve") else (a,)
+    options = {"lower": True} if fn == "triangular_solve" else {}
+    with pytest.raises(ValueError, match=r"a: the matrix is empty \(shape \(0, 0\)\)"):
+        getattr(sl, fn)(*args, mesh=mesh, **options)

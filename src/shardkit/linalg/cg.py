@@ -63,12 +63,19 @@ def _matvec_local(a, x, *, axes):
 
 
 def _dot_local(x, y, *, axes):
-    return lax.psum(jnp.sum(x * y), axes)
+    """``x^H y`` (conjugating ``x``, as the Hermitian CG needs; a no-op for real data)."""
+    return lax.psum(jnp.sum(jnp.conj(x) * y), axes)
 
 
 def _dots_local(r, z, *, axes):
-    """``(r . r, r . z)`` in one scalar-pair ``psum``."""
-    return lax.psum(jnp.stack([jnp.sum(r * r), jnp.sum(r * z)]), axes)
+    """``(r^H r, r^H z)`` in one scalar-pair ``psum``."""
+    rc = jnp.conj(r)
+    return lax.psum(jnp.stack([jnp.sum(rc * r), jnp.sum(rc * z)]), axes)
+
+
+def _norm(squared):
+    """The norm from ``v^H v``, whose imaginary part is zero (rounding aside)."""
+    return jnp.sqrt(jnp.real(squared))
 
 
 def _diag_local(a, *, axes):
@@ -86,8 +93,11 @@ def _cg_jit(a, b, x0, tol, atol, matvec, precond, mesh, axes, maxiter, jacobi):
     smap = functools.partial(jax.shard_map, mesh=mesh)
     dot = smap(functools.partial(_dot_local, axes=axes), in_specs=(vec, vec), out_specs=P())
     dots = smap(functools.partial(_dots_local, axes=axes), in_specs=(vec, vec), out_specs=P())
+    dtype = b.dtype if a is None else jnp.result_type(a.dtype, b.dtype)
+    if not jnp.issubdtype(dtype, jnp.inexact):
+        dtype = jnp.result_type(dtype, jnp.float32)
     if a is not None:
-        a = constrain(a, mesh, P(axes, None))
+        a = constrain(a.astype(dtype), mesh, P(axes, None))
         mv = smap(functools.partial(_matvec_local, axes=axes), in_specs=(P(axes, None), vec),
                   out_specs=vec)  # fmt: skip
         op = functools.partial(mv, a)
@@ -102,15 +112,15 @@ def _cg_jit(a, b, x0, tol, atol, matvec, precond, mesh, axes, maxiter, jacobi):
     else:
         m_inv = lambda r: r
 
-    b = constrain(b, mesh, vec)
-    x = constrain(x0.astype(b.dtype), mesh, vec)
+    b = constrain(b.astype(dtype), mesh, vec)
+    x = constrain(x0.astype(dtype), mesh, vec)
     r = b - op(x)
     z = m_inv(r)
     rr, rz = dots(r, z)
-    bound = jnp.maximum(tol * jnp.sqrt(dot(b, b)), atol)
+    bound = jnp.maximum(tol * _norm(dot(b, b)), atol)
 
     def cond(c):
-        return (c[-1] < maxiter) & (jnp.sqrt(c[3]) > bound)
+        return (c[-1] < maxiter) & (_norm(c[3]) > bound)
 
     def body(c):  # collectives: 1 all-gather of p (in op), 2 psums of scalars
         x, r, p, rr, rz, k = c
@@ -124,7 +134,7 @@ def _cg_jit(a, b, x0, tol, atol, matvec, precond, mesh, axes, maxiter, jacobi):
         return x, r, p, rr, rz_new, k + 1
 
     x, r, _, rr, _, k = lax.while_loop(cond, body, (x, r, z, rr, rz, jnp.zeros((), jnp.int32)))
-    rnorm = jnp.sqrt(rr)
+    rnorm = _norm(rr)
     return x, CGInfo(k, rnorm, rnorm <= bound)
 
 
@@ -140,8 +150,10 @@ def cg(
     mesh: Mesh | None = None,
     axis_names: str | Sequence[str] | None = None,
 ) -> tuple[jax.Array, CGInfo]:
-    """Solves ``A x = b`` for symmetric positive definite A by (preconditioned) conjugate
-    gradients, with only vector- and scalar-sized collectives per iteration.
+    """Solves ``A x = b`` for symmetric (complex: Hermitian) positive definite A by
+    (preconditioned) conjugate gradients, with only vector- and scalar-sized collectives per
+    iteration. A matrix ``a`` and ``b`` compute in their promoted dtype (integers as floats),
+    as ``jnp.linalg.solve`` promotes.
 
     Args:
         a: (N, N) SPD matrix (any sharding; used row-sharded ``P(axis_names, None)``), or a

@@ -323,10 +323,12 @@ def cho_solve(factors: CholeskyFactors, b: jax.Array, *, check: bool = True) -> 
     See also: :func:`cholesky`, :func:`shardkit.linalg.triangular_solve`.
     """
     b2, shape = as_columns(b, factors.n, "b")
-    b2, join = real_columns(b2, factors.l.dtype)
+    dtype, b2, join = real_columns(b2, factors.l.dtype)
     if check:
         _raise_if_not_spd(factors.info, factors.n)
-    x, info = _cho_solve_jit(factors.l, b2, factors.mesh, factors.axis_names, factors.block_size)
+    x, info = _cho_solve_jit(
+        factors.l.astype(dtype), b2, factors.mesh, factors.axis_names, factors.block_size
+    )
     if check:
         raise_if_singular_triangle(x, info, factors.n, "L", arg="factors")
     return join(x).reshape(shape)

@@ -42,6 +42,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.sharding import PartitionSpec as P
 
+from shardkit.errors import ShardkitValueError
 from shardkit.linalg import layout
 from shardkit.linalg.layout import global_index, n_chunks
 from shardkit.linalg.layout2d import grid_multiple, rows_to_grid_local
@@ -56,8 +57,11 @@ __all__: list[str] = []
 
 def _pivot_size(x):
     """The size LAPACK's pivot search (``i?amax``) compares: |x|, or |Re x| + |Im x| for
-    complex x, so the pivots equal ``getrf``'s."""
-    return jnp.abs(x.real) + jnp.abs(x.imag) if jnp.iscomplexobj(x) else jnp.abs(x)
+    complex x, so the pivots equal ``getrf``'s; NaN counts as the largest, so a column holding
+    one pivots on it and the factors turn non-finite (``pmax`` would return NaN, which equals
+    no candidate, and leave no pivot row)."""
+    size = jnp.abs(x.real) + jnp.abs(x.imag) if jnp.iscomplexobj(x) else jnp.abs(x)
+    return jnp.where(jnp.isnan(size), jnp.inf, size)
 
 
 def _grid_steps(a, ipiv, info, *, j0, j1, row0, col0, nb, pr, pc, row_axis, col_axis):
@@ -236,6 +240,16 @@ def _enter(a, mesh, r, c, nb):
     step = grid_multiple(nb, pr, pc)
     n_pad = -(-n // step) * step
     return constrain(layout.pad_identity(a, n_pad), mesh, P((r, c), None)), n_pad, pr, pc
+
+
+def no_grid_grad(fn: str):
+    """Raises the error for a gradient through ``fn(..., grid=...)`` (instead of NaN or JAX's
+    missing rule for ``pmax``)."""
+    raise ShardkitValueError(
+        f"grid: gradients through {fn}(..., grid=...) are not supported: the 2-D block-cyclic "
+        "factorization has no derivative rule. Fix: differentiate with the 1-D layout (drop "
+        "grid=; it distributes over all mesh axes, flattened)."
+    )
 
 
 @functools.partial(jax.jit, static_argnames=("mesh", "grid", "nb"))

@@ -324,6 +324,12 @@ def check_matrix(a, arg: str, *, square: bool = True, stacked: str | None = None
             f"{arg}: expected a {kind} ({dims}), got shape {shape}. "
             f"Pass a 2-D{' square' if square else ''} array{hint}."
         )
+    if 0 in shape:
+        raise ShardkitValueError(
+            f"{arg}: the matrix is empty (shape {shape}); the distributed factorizations need "
+            f"at least one row and column. Fix: skip the call for an empty system (jnp.linalg "
+            f"gives its empty or unit result)."
+        )
     check_dtype(a, arg)
 
 

@@ -49,7 +49,7 @@ from jax.sharding import PartitionSpec as P
 
 from shardkit.errors import ShardkitError
 from shardkit.linalg import layout
-from shardkit.linalg.grid import lu_grid_jit
+from shardkit.linalg.grid import lu_grid_jit, no_grid_grad
 from shardkit.linalg.layout import (
     block_size_for,
     check_matrix,
@@ -292,6 +292,18 @@ def _lu_jit(a, mesh, axes, nb):
     )(a)
 
 
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2, 3))
+def _lu_grid(a, mesh, grid, nb):
+    """The 2-D grid LU; differentiating it (e.g. ``det``) raises the error with the fix."""
+    return lu_grid_jit(a, mesh, grid, nb)
+
+
+_lu_grid.defvjp(
+    lambda a, mesh, grid, nb: (lu_grid_jit(a, mesh, grid, nb), None),
+    lambda mesh, grid, nb, res, ct: no_grid_grad("lu, det or slogdet"),
+)
+
+
 def lu(
     a: jax.Array,
     *,
@@ -348,7 +360,7 @@ def lu(
     block_size = block_size_for(block_size, s, n_devices(mesh, axes))
     if grid is not None:
         grid = check_grid(mesh, grid)
-        packed, perm, pivots, info = lu_grid_jit(a, mesh, grid, block_size)
+        packed, perm, pivots, info = _lu_grid(a, mesh, grid, block_size)
         axes = grid
     else:
         packed, perm, pivots, info = _lu_jit(a, mesh, axes, block_size)

@@ -29,7 +29,7 @@ from jax.sharding import PartitionSpec as P
 
 from shardkit.errors import ShardkitValueError
 from shardkit.linalg import layout
-from shardkit.linalg.grid import lu_solve_grid_jit, solve_grid_jit
+from shardkit.linalg.grid import lu_solve_grid_jit, no_grid_grad, solve_grid_jit
 from shardkit.linalg.layout import (
     block_size_for,
     check_matrix,
@@ -227,14 +227,6 @@ def _solve_jit(a, b, mesh, axes, nb):
     return x[:n], info
 
 
-def _no_grid_grad(fn: str):
-    raise ShardkitValueError(
-        f"grid: gradients through {fn}(..., grid=...) are not supported: the 2-D block-cyclic "
-        "factors have no transposed triangular solve. Fix: differentiate with the 1-D layout "
-        "(drop grid=; it distributes over all mesh axes, flattened)."
-    )
-
-
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4))
 def _solve_grid(a, b, mesh, grid, nb):
     """The 2-D grid solve; differentiating it raises (instead of NaN)."""
@@ -243,7 +235,7 @@ def _solve_grid(a, b, mesh, grid, nb):
 
 _solve_grid.defvjp(
     lambda a, b, mesh, grid, nb: (solve_grid_jit(a, b, mesh, grid, nb), None),
-    lambda mesh, grid, nb, res, ct: _no_grid_grad("solve"),
+    lambda mesh, grid, nb, res, ct: no_grid_grad("solve"),
 )
 
 
@@ -258,7 +250,7 @@ _lu_solve_grid.defvjp(
         lu_solve_grid_jit(packed, perm, b, mesh, grid, nb),
         None,
     ),  # fmt: skip
-    lambda mesh, grid, nb, res, ct: _no_grid_grad("lu_solve"),
+    lambda mesh, grid, nb, res, ct: no_grid_grad("lu_solve"),
 )
 
 
@@ -310,7 +302,8 @@ def lu_solve(
             "solver."
         )
     b2, shape = as_columns(b, factors.n, "b")
-    b2, join = real_columns(b2, factors.lu.dtype)
+    dtype, b2, join = real_columns(b2, factors.lu.dtype)
+    packed = factors.lu.astype(dtype)
     if transpose and factors.grid is not None:
         raise ShardkitValueError(
             "transpose: lu_solve(..., transpose=True) needs 1-D factors; these are on the 2-D "
@@ -318,12 +311,10 @@ def lu_solve(
             "transpose=True, grid=...)."
         )
     if factors.grid is not None:
-        x = _lu_solve_grid(
-            factors.lu, factors.perm, b2, factors.mesh, factors.grid, factors.block_size
-        )
+        x = _lu_solve_grid(packed, factors.perm, b2, factors.mesh, factors.grid, factors.block_size)
     else:
         x = _lu_solve_jit(
-            factors.lu, factors.perm, b2, factors.mesh, factors.axis_names, factors.block_size,
+            packed, factors.perm, b2, factors.mesh, factors.axis_names, factors.block_size,
             transpose,
         )  # fmt: skip
     x = x[: factors.n]
@@ -387,7 +378,8 @@ def solve(
     """
     check_matrix(a, "a", stacked="batched_solve")
     b2, shape = as_columns(b, a.shape[0], "b")
-    b2, join = real_columns(b2, a.dtype)
+    dtype, b2, join = real_columns(b2, a.dtype)
+    a = a.astype(dtype)
     mesh, axes = layout.resolve_mesh(a, mesh, axis_names, arg="a")
     block_size = block_size_for(block_size, a.shape[0], n_devices(mesh, axes))
     if transpose:  # the layout change that follows moves the transposed shards (all-to-all)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -132,14 +133,24 @@ def as_columns(b, n: int, arg: str) -> tuple[jax.Array, tuple[int, ...]]:
     return (b[:, None] if len(shape) == 1 else b), shape
 
 
-def real_columns(b2: jax.Array, dtype) -> tuple[jax.Array, Callable[[jax.Array], jax.Array]]:
-    """A complex right-hand side (N, k) of a real matrix as the real (N, 2k) ``[Re b, Im b]``,
-    and the function that joins the solution's halves: the solve stays real (as
-    ``jnp.linalg.solve`` promotes, the result is complex) and the factors are reused."""
-    if not jnp.iscomplexobj(b2) or jnp.issubdtype(dtype, jnp.complexfloating):
-        return b2, lambda x: x
+def real_columns(b2: jax.Array, a_dtype) -> tuple[Any, jax.Array, Callable[[jax.Array], jax.Array]]:
+    """The dtype a solve of ``b2`` (N, k) by a matrix of ``a_dtype`` computes in, as
+    ``jnp.linalg.solve`` promotes (float32 with float64 is float64, integers are floats), and
+    ``b2`` in it: a complex right-hand side of a real matrix becomes the real (N, 2k)
+    ``[Re b, Im b]`` so the solve and its factors stay real, with the function that joins the
+    solution's halves (the result is complex). Returns ``(matrix dtype, b2, join)``; cast the
+    matrix or its factors to that dtype."""
+    a_dtype = jax.dtypes.canonicalize_dtype(a_dtype)  # a numpy float64 without x64: float32
+    full = jnp.result_type(a_dtype, b2.dtype)
+    if not jnp.issubdtype(full, jnp.inexact):
+        full = jnp.result_type(full, jnp.float32)
+    b2 = b2.astype(full)
+    if not jnp.iscomplexobj(b2) or jnp.issubdtype(a_dtype, jnp.complexfloating):
+        return full, b2, lambda x: x
     k = b2.shape[1]
-    return jnp.concatenate([b2.real, b2.imag], axis=1), lambda x: lax.complex(x[:, :k], x[:, k:])
+    real = jnp.finfo(full).dtype  # the real dtype of the same precision
+    joined = jnp.concatenate([b2.real, b2.imag], axis=1)
+    return real, joined, lambda x: lax.complex(x[:, :k], x[:, k:])
 
 
 def triangle_mask(rows, cols, *, lower, unit_diagonal):
@@ -361,7 +372,8 @@ def triangular_solve(
 
     check_matrix(a, "a")
     b2, shape = as_columns(b, a.shape[0], "b")
-    b2, join = real_columns(b2, a.dtype)
+    dtype, b2, join = real_columns(b2, a.dtype)
+    a = a.astype(dtype)
     mesh, axes = layout.resolve_mesh(a, mesh, axis_names, arg="a")
     block_size = block_size_for(block_size, a.shape[0], n_devices(mesh, axes))
     x, info = _tri_jit(a, b2, mesh, axes, block_size, lower, transpose, unit_diagonal)
