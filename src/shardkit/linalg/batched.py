@@ -11,7 +11,7 @@ Example:
     >>> bs = jax.random.normal(jax.random.key(1), (8, 16))
     >>> xs = batched_solve(As, bs, mesh=mesh)       # one system per device
     >>> xs.sharding.spec
-    PartitionSpec(('x',), None)
+    P('x', None)
 """
 
 from __future__ import annotations

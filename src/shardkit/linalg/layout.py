@@ -21,7 +21,7 @@ Example:
     >>> a = jnp.arange(64.0 * 64).reshape(64, 64)
     >>> ac = to_column_cyclic(a, mesh=mesh, block_size=4)
     >>> ac.sharding.spec
-    PartitionSpec(None, ('x',))
+    P(None, 'x')
     >>> bool((from_column_cyclic(ac, mesh=mesh, block_size=4) == a).all())
     True
 """
