@@ -65,6 +65,20 @@ def test_distributed_client_is_none_when_alone():
     assert compat.distributed_client() is None
 
 
+def test_context_mesh_is_set_meshs_mesh_also_under_grad():
+    mesh = jax.make_mesh((8,), ("x",))
+    assert compat.context_mesh().empty
+    seen = []
+
+    def loss(v):
+        seen.append(compat.context_mesh())  # jax.sharding.get_mesh() refuses here
+        return jnp.sum(v)
+
+    with jax.set_mesh(mesh):
+        jax.grad(loss)(jnp.ones(8))
+    assert seen == [mesh]
+
+
 @pytest.mark.parametrize("reverse", [False, True])
 def test_scan_parts_counts_consts_and_carries(reverse):
     w = jnp.ones((2, 2))
