@@ -28,8 +28,10 @@ from shardkit.strategies import FSDP, DataParallel
 from shardkit.train.checkpoint import (
     CheckpointCorruptError,
     Checkpointer,
+    CheckpointMismatchError,
     CheckpointRejectedWarning,
     NonFiniteStateError,
+    checkpoint_entries,
     checkpoint_path,
 )
 from shardkit.train.data import TeacherTask
@@ -293,4 +295,65 @@ def test_saving_a_step_that_exists_is_a_no_op_for_the_same_state_and_an_error_ot
     ckpt = Checkpointer(tmp_path / "c")
     with pytest.raises(ValueError, match=r"step 0 already exists .* other values; fix:"):
         ckpt.save(other, force=True)
+    ckpt.close()
+
+
+@pytest.mark.parametrize("digests", [{}, None, "drop-one"])
+def test_metadata_that_lost_its_digests_is_not_restored_unchecked(tmp_path, digests):
+    folder = tmp_path / "ckpt"
+    ckpt = Checkpointer(folder, save_every=2)
+    run(make(), ckpt, 4)
+    ckpt.close()
+    meta = next((folder / "4" / "meta").glob("*"))
+    data = json.loads(meta.read_text())
+    if digests == "drop-one":
+        data["shardkit"]["digests"].popitem()
+    else:
+        data["shardkit"]["digests"] = digests
+    meta.write_text(json.dumps(data))  # a flipped byte in the data would now go unseen
+    ckpt = Checkpointer(folder, save_every=2)
+    with pytest.warns(CheckpointRejectedWarning, match=r"step 4 .*digests of \d+ of its"):
+        state = ckpt.restore(make())
+    assert int(state.step) == 2 and (tmp_path / "ckpt.rejected" / "4").is_dir()
+    ckpt.close()
+
+
+def _dict_trainer(dtype):
+    return Trainer(
+        lambda key: {"w": jax.random.normal(key, (8, 16)).astype(dtype)}, optax.sgd(0.1),
+        lambda p, b: jnp.mean(p["w"].astype(jnp.float32) ** 2), strategy=DataParallel(),
+    )  # fmt: skip
+
+
+def test_a_checkpoint_of_another_dtype_is_a_mismatch_and_stays_in_place(tmp_path):
+    folder = tmp_path / "ckpt"
+    ckpt = Checkpointer(folder, save_every=1)
+    ckpt.save(_dict_trainer(jnp.float32).init(0), force=True)
+    ckpt.close()
+    ckpt = Checkpointer(folder, save_every=1)
+    with pytest.raises(
+        CheckpointMismatchError,
+        match=r"params/w: checkpoint \(8, 16\) float32 vs model \(8, 16\) bfloat16",
+    ):
+        ckpt.restore(_dict_trainer(jnp.bfloat16))
+    assert ckpt.all_steps() == [0] and not (tmp_path / "ckpt.rejected").exists()
+    ckpt.close()
+
+
+def test_a_users_folder_named_like_a_step_is_never_rotated_away(tmp_path):
+    folder = tmp_path / "ckpt"
+    (folder / "1").mkdir(parents=True)
+    (folder / "1" / "README.txt").write_text("my notes")
+    (folder / "notes.txt").write_text("mine too")
+    with pytest.raises(
+        ValueError, match=r"holds 1/ \(with \['README.txt'\]\), named like a checkpoint step"
+    ):
+        Checkpointer(folder, save_every=1, max_to_keep=1)
+    assert checkpoint_entries(folder) == []  # neither is a checkpoint
+    (folder / "1" / "README.txt").unlink()
+    (folder / "1").rmdir()
+    ckpt = Checkpointer(folder, save_every=2, max_to_keep=1)
+    run(make(), ckpt, 4)
+    assert sorted(p.name for p in checkpoint_entries(folder)) == ["4"]
+    assert (folder / "notes.txt").read_text() == "mine too"
     ckpt.close()

@@ -236,3 +236,27 @@ def test_the_metrics_log_keeps_only_the_rows_a_run_continues(tmp_path):
     assert [json.loads(x)["step"] for x in path.read_text().splitlines()] == [10, 20]
     MetricsLog(path)  # a fresh run (--overwrite): its own history only
     assert path.read_text() == ""
+
+
+def test_overwrite_removes_checkpoints_only_and_resume_never_starts_over_silently(tmp_path):
+    out = tmp_path / "run"
+    rc, _, err = _train(tmp_path, "--out", str(out), "--steps", "2", "--save-every", "2")
+    assert rc == 0, err[-3000:]
+    mine = out / "checkpoints" / "thesis.tex"
+    mine.write_text("three years of work")
+    rc, out_text, err = _train(tmp_path, "--out", str(out), "--steps", "2", "--overwrite")
+    assert rc == 0, err[-3000:]
+    assert mine.read_text() == "three years of work"  # a user's file in the folder stays
+    # --resume where there is no checkpoint yet: says so, then starts at step 0
+    fresh = tmp_path / "fresh"
+    rc, text, err = _train(tmp_path, "--out", str(fresh), "--steps", "2", "--resume")
+    assert rc == 0, err[-3000:]
+    assert "no checkpoint in" in text + err and "starting at step 0" in text + err
+    # ... but not when the earlier checkpoints were moved aside as failing their checks
+    gone = tmp_path / "gone"
+    (gone / "checkpoints.rejected" / "4").mkdir(parents=True)
+    rc, _, err = _train(tmp_path, "--out", str(gone), "--steps", "2", "--resume")
+    assert rc == 2
+    line = _one_line_error(err)
+    assert "no checkpoint left" in line and "checkpoints.rejected" in line and "fix:" in line
+    assert not (gone / "checkpoints").exists() or not any((gone / "checkpoints").iterdir())

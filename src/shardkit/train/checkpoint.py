@@ -113,6 +113,52 @@ def checkpoint_path(directory: str | pathlib.Path | epath.Path) -> epath.Path:
     return epath.Path(pathlib.Path(text).absolute())
 
 
+_ORBAX_ENTRIES = ("state", "meta", "_CHECKPOINT_METADATA", "commit_success.txt")
+
+
+def checkpoint_entries(directory: Any) -> list[epath.Path]:
+    """The entries of a checkpoint folder that are checkpoints: step folders (integer names,
+    written by orbax) and unfinished saves (`<step>.orbax-checkpoint-tmp-*`). A user's own
+    files and folders are not among them (see `foreign_steps`)."""
+    directory = checkpoint_path(directory)
+    if not directory.is_dir():
+        return []
+    foreign = {p.name for p in foreign_steps(directory)}
+    return [
+        p
+        for p in directory.iterdir()
+        if p.is_dir()
+        and (".orbax-checkpoint-tmp" in p.name or p.name.isdigit())
+        and p.name not in foreign
+    ]
+
+
+def foreign_steps(directory: Any) -> list[epath.Path]:
+    """Folders named like a checkpoint step that hold something but nothing orbax writes: a
+    user's own folder ("1/", "2024/") that rotation (`max_to_keep`) would delete."""
+    directory = checkpoint_path(directory)
+    out = []
+    for p in directory.iterdir() if directory.is_dir() else []:
+        if p.name.isdigit() and p.is_dir():
+            names = {c.name for c in p.iterdir()}
+            if names and not names & set(_ORBAX_ENTRIES):
+                out.append(p)
+    return out
+
+
+def refuse_foreign_steps(directory: Any) -> None:
+    """Raises when `foreign_steps` finds a user's folder among the checkpoint steps."""
+    directory = checkpoint_path(directory)
+    foreign = foreign_steps(directory)
+    if foreign:
+        held = sorted(c.name for c in foreign[0].iterdir())[:3]
+        raise ShardkitValueError(
+            f"checkpoint folder {directory} holds {foreign[0].name}/ (with {held}), named like a "
+            f"checkpoint step but not one: keeping the newest checkpoints would delete it; fix: "
+            f"move it out of {directory}, or use another --checkpoint-dir."
+        )
+
+
 class Checkpointer:
     """Saves and restores `TrainState`s under a directory, one sub-directory per step.
 
@@ -147,6 +193,7 @@ class Checkpointer:
                 "being resumed from; fix: max_to_keep=1 or more (--keep 3), or None to keep all."
             )
         self.directory = checkpoint_path(directory)
+        refuse_foreign_steps(self.directory)
         self.rejected: list[tuple[int, str, str]] = []  # (step, why, where it was moved)
         options = ocp.CheckpointManagerOptions(
             save_interval_steps=save_every,
@@ -247,7 +294,7 @@ class Checkpointer:
                 self._reject(candidate, str(e))
         raise CheckpointCorruptError(
             f"no checkpoint in {self.directory} passes its check; the failing ones are in "
-            f"{self._rejected_dir()}: "
+            f"{self.rejected_dir}: "
             + "; ".join(f"step {s}: {why}" for s, why, _ in self.rejected)
             + "; fix: start a new run (--overwrite), or restore one by hand from there."
         )
@@ -265,7 +312,13 @@ class Checkpointer:
                 f"({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''})"
             ) from e
         digests, bad = fingerprint(out)
-        saved = (entry or {}).get("digests")
+        saved = None if entry is None else entry.get("digests")
+        if entry is not None and (not isinstance(saved, dict) or set(saved) != set(digests)):
+            n = len(saved) if isinstance(saved, dict) else 0
+            raise CheckpointCorruptError(
+                f"checkpoint step {step} in {self.directory}: its metadata records digests of "
+                f"{n} of its {len(digests)} arrays, so its content cannot be checked"
+            )
         if saved is not None:
             wrong = sorted(p for p in saved if digests.get(p) != saved[p])
             if wrong:
@@ -293,7 +346,8 @@ class Checkpointer:
         if entry is None:
             warnings.warn(
                 f"checkpoint step {step} in {self.directory} has no digests (written by an "
-                "earlier shardkit): restored without a content check.",
+                "earlier shardkit, or its metadata lost shardkit's entry): restored without a "
+                "content check.",
                 CheckpointRejectedWarning,
                 stacklevel=4,
             )
@@ -305,18 +359,20 @@ class Checkpointer:
         except Exception:  # noqa: BLE001 - unreadable metadata: treated as other values
             return None
 
-    def _rejected_dir(self) -> epath.Path:
+    @property
+    def rejected_dir(self) -> epath.Path:
+        """The sibling folder that failing checkpoints are moved into (never deleted)."""
         return self.directory.parent / f"{self.directory.name}.rejected"
 
     def _reject(self, step: int, why: str) -> None:
         """Moves a failing checkpoint aside (process 0 moves, every process waits)."""
-        dest = self._rejected_dir() / str(step)
+        dest = self.rejected_dir / str(step)
         if jax.process_index() == 0:
-            self._rejected_dir().mkdir(parents=True, exist_ok=True)
+            self.rejected_dir.mkdir(parents=True, exist_ok=True)
             n = 1
             while dest.exists():
                 n += 1
-                dest = self._rejected_dir() / f"{step}-{n}"
+                dest = self.rejected_dir / f"{step}-{n}"
             (self.directory / str(step)).rename(dest)
         if jax.process_count() > 1:
             multihost_utils.sync_global_devices(f"shardkit: checkpoint {step} moved aside")
@@ -362,14 +418,18 @@ class Checkpointer:
         have = _shapes(saved)
         missing = sorted(set(want) - set(have))
         extra = sorted(set(have) - set(want))
-        wrong = sorted(p for p in set(want) & set(have) if want[p] != have[p])
+        wrong = sorted(p for p in set(want) & set(have) if not _same_leaf(want[p], have[p]))
         if missing or extra or wrong:
-            lines = [f"  missing in checkpoint: {p} {want[p]}" for p in missing[:5]]
-            lines += [f"  not in target model: {p} {have[p]}" for p in extra[:5]]
-            lines += [f"  shape {p}: checkpoint {have[p]} vs model {want[p]}" for p in wrong[:5]]
+            show = lambda leaf: " ".join(str(x) for x in leaf if x is not None)  # noqa: E731
+            lines = [f"  missing in checkpoint: {p} {show(want[p])}" for p in missing[:5]]
+            lines += [f"  not in target model: {p} {show(have[p])}" for p in extra[:5]]
+            lines += [
+                f"  {p}: checkpoint {show(have[p])} vs model {show(want[p])}" for p in wrong[:5]
+            ]
             raise CheckpointMismatchError(
                 f"checkpoint step {step} in {self.directory} does not match the model "
-                f"({len(missing)} missing, {len(extra)} extra, {len(wrong)} reshaped leaves):\n"
+                f"({len(missing)} missing, {len(extra)} extra, {len(wrong)} reshaped or "
+                f"retyped leaves):\n"
                 + "\n".join(lines)
                 + "\nfix: restore with the model configuration it was saved with (see "
                 "Checkpointer.meta()), or start fresh in another --checkpoint-dir."
@@ -384,6 +444,7 @@ def _as_dict(state: TrainState) -> dict:
 
 
 def _shapes(tree) -> dict[str, tuple]:
+    """Each leaf's `(shape, dtype name or None)`, by path."""
     flat = jax.tree_util.tree_flatten_with_path(
         tree, is_leaf=lambda x: hasattr(x, "shape") and not isinstance(x, dict)
     )[0]
@@ -392,9 +453,17 @@ def _shapes(tree) -> dict[str, tuple]:
         dtype = getattr(leaf, "dtype", None)
         if dtype is not None and jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):
             leaf = jax.eval_shape(jax.random.key_data, leaf)  # saved as its key data
+            dtype = leaf.dtype
         shape = getattr(leaf, "shape", None)
-        out[path_str(path)] = tuple(shape) if shape is not None else ()
+        name = None if dtype is None else str(jax.numpy.dtype(dtype))
+        out[path_str(path)] = (tuple(shape) if shape is not None else (), name)
     return out
+
+
+def _same_leaf(want: tuple, have: tuple) -> bool:
+    """Same shape, and the same dtype where both are known (restoring would cast otherwise,
+    and the cast values would fail their digests as if corrupt)."""
+    return want[0] == have[0] and (None in (want[1], have[1]) or want[1] == have[1])
 
 
 def n_bytes(tree) -> int:

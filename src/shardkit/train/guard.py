@@ -22,7 +22,12 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from shardkit.errors import ShardkitError, ShardkitValueError
-from shardkit.train.checkpoint import Checkpointer, NonFiniteStateError, checkpoint_path
+from shardkit.train.checkpoint import (
+    Checkpointer,
+    NonFiniteStateError,
+    checkpoint_entries,
+    checkpoint_path,
+)
 from shardkit.train.config import TrainConfig
 
 
@@ -40,9 +45,9 @@ class RunInterrupted(ShardkitError, KeyboardInterrupt):
 
 
 def holds_checkpoints(folder: Any) -> bool:
-    """Whether `folder` (a path or a "gs://" / "s3://" URL) exists and is not empty."""
-    folder = checkpoint_path(folder)
-    return folder.is_dir() and any(folder.iterdir())
+    """Whether `folder` (a path or a "gs://" / "s3://" URL) holds checkpoints (step folders or
+    unfinished saves; a user's own files do not count)."""
+    return bool(checkpoint_entries(folder))
 
 
 def claim_output(cfg: TrainConfig) -> tuple[TrainConfig, str | None]:
@@ -72,9 +77,25 @@ def claim_output(cfg: TrainConfig) -> tuple[TrainConfig, str | None]:
         )
     raise ShardkitValueError(
         f"checkpoint folder {folder} already holds another run's checkpoints (steps "
-        f"{sorted(p.name for p in folder.iterdir())[:5]}); fix: --resume to continue that run, "
+        f"{sorted(p.name for p in checkpoint_entries(folder))[:5]}); fix: --resume to continue "
+        "that run, "
         "--overwrite to replace it, or another --out / --checkpoint-dir."
     )
+
+
+def nothing_to_resume(ckpt: Checkpointer) -> str:
+    """For --resume with no checkpoint in the folder: the line to print, as a first run of a
+    job that always passes --resume starts at step 0. If earlier checkpoints were moved aside
+    as failing their checks, starting over would silently replace that run: refused."""
+    rejected = ckpt.rejected_dir
+    if rejected.is_dir() and any(rejected.iterdir()):
+        raise ShardkitValueError(
+            f"--resume: no checkpoint left in {ckpt.directory}; the earlier ones failed their "
+            f"checks and are in {rejected}, so this would start over at step 0; fix: move one "
+            f"back by hand, or move {rejected} away once you have kept what you need and run "
+            "again to start over."
+        )
+    return f"no checkpoint in {ckpt.directory} yet: starting at step 0"
 
 
 def diverged(lr: float, ckpt: Checkpointer, step: int, m: dict) -> TrainingDivergedError:

@@ -38,7 +38,8 @@ from shardkit.train.checkpoint import (
     Checkpointer,
     CheckpointRejectedWarning,
     NonFiniteStateError,
-    checkpoint_path,
+    checkpoint_entries,
+    refuse_foreign_steps,
 )
 from shardkit.train.config import TrainConfig, parse_window
 from shardkit.train.data import ReverseTask, TokenFile
@@ -49,6 +50,7 @@ from shardkit.train.guard import (
     diverged,
     holds_checkpoints,
     interrupted,
+    nothing_to_resume,
 )
 from shardkit.train.lock import RunLock
 from shardkit.train.metrics import History, Progress, host_matmul_flops
@@ -319,8 +321,14 @@ def _start(run: _Run) -> tuple[Checkpointer, dict, Any]:
     """The checkpoint folder (checked fresh, or resumed from) and the first state."""
     cfg = run.cfg
     if run.primary and cfg.overwrite and holds_checkpoints(cfg.checkpoints):
-        checkpoint_path(cfg.checkpoints).rmtree()  # asked for by --overwrite (local or bucket)
-        run.say(f"[bold]overwrite[/] removed the previous run's checkpoints in {cfg.checkpoints}")
+        refuse_foreign_steps(cfg.checkpoints)  # before deleting anything
+        steps = checkpoint_entries(cfg.checkpoints)  # a user's own files there stay
+        for entry in steps:  # asked for by --overwrite (local or bucket)
+            entry.rmtree()
+        run.say(
+            f"[bold]overwrite[/] removed the previous run's checkpoints "
+            f"{sorted(e.name for e in steps)} in {cfg.checkpoints}"
+        )
     if jax.process_count() > 1:
         multihost_utils.sync_global_devices("shardkit train: checkpoint folder ready")
     ckpt = Checkpointer(cfg.checkpoints, save_every=cfg.save_every, max_to_keep=cfg.keep)
@@ -334,6 +342,8 @@ def _start(run: _Run) -> tuple[Checkpointer, dict, Any]:
                 run.console.print(f"[yellow]checkpoint[/] {escape(str(w.message))}")
         run.say(f"[bold]resumed[/]  step {int(state.step)} from {ckpt.directory}")
     else:
+        if cfg.resume:
+            run.console.print(f"[yellow]resume[/]   {escape(nothing_to_resume(ckpt))}")
         state = run.trainer.init(cfg.seed)
     return ckpt, meta, state
 
