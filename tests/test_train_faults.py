@@ -260,3 +260,24 @@ def test_overwrite_removes_checkpoints_only_and_resume_never_starts_over_silentl
     line = _one_line_error(err)
     assert "no checkpoint left" in line and "checkpoints.rejected" in line and "fix:" in line
     assert not (gone / "checkpoints").exists() or not any((gone / "checkpoints").iterdir())
+
+
+@pytest.mark.parametrize("hard_links", [True, False])
+def test_the_run_lock_appears_with_its_owner_already_written(tmp_path, monkeypatch, hard_links):
+    from shardkit.train.lock import RunLock
+
+    seen = []
+    real_link = os.link
+
+    def link(src, dst):
+        seen.append(json.loads(pathlib.Path(src).read_text())["pid"])  # complete before it shows
+        if not hard_links:
+            raise PermissionError("no hard links on this file system")
+        return real_link(src, dst)
+
+    monkeypatch.setattr(os, "link", link)
+    with RunLock(tmp_path / "checkpoints") as lock:
+        assert seen == [os.getpid()]
+        assert json.loads(lock.path.read_text())["pid"] == os.getpid()
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoints.lock"]  # no leftovers
+    assert not lock.path.exists()

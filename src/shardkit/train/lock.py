@@ -60,16 +60,36 @@ class RunLock:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         me = {"host": socket.gethostname(), "pid": os.getpid(), "started": time.time()}
         for _ in range(2):
+            if self._create(json.dumps(me)):
+                self._held = True
+                return self
+            self._check_owner(me["host"])  # stale: removed, try again
+        raise RunLockedError(f"could not take the lock {self.path}; fix: run again.")
+
+    def _create(self, owner: str) -> bool:
+        """Creates the lock file with `owner` in it, or returns False when it exists.
+
+        The owner is written to a private file first and hard-linked into place, so the lock
+        never exists empty (another run would take an empty one for stale); where the file
+        system has no hard links, it is created exclusively and then written.
+        """
+        tmp = self.path.with_name(f"{self.path.name}.{os.getpid()}.tmp")
+        tmp.write_text(owner)
+        try:
+            os.link(tmp, self.path)
+            return True
+        except FileExistsError:
+            return False
+        except OSError:  # no hard links on this file system
             try:
                 fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
             except FileExistsError:
-                self._check_owner(me["host"])
-                continue  # stale: removed, try again
+                return False
             with os.fdopen(fd, "w") as f:
-                json.dump(me, f)
-            self._held = True
-            return self
-        raise RunLockedError(f"could not take the lock {self.path}; fix: run again.")
+                f.write(owner)
+            return True
+        finally:
+            tmp.unlink(missing_ok=True)
 
     def _check_owner(self, host: str) -> None:
         try:
