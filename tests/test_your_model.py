@@ -485,3 +485,47 @@ def test_a_linen_model_with_parameters_only_returns_its_output():
         params = optax.apply_updates(params, updates)
         np.testing.assert_allclose(float(metrics["loss"]), float(value), rtol=RTOL)
     assert seen and all(t is not tuple for t in seen), seen
+
+
+class PermutedMLP(eqx.Module):
+    """An Equinox model with an integer array field, as its docs write buffers."""
+
+    mlp: eqx.nn.MLP
+    perm: jax.Array
+
+    def __init__(self, key):
+        self.mlp = eqx.nn.MLP(D_IN, CLASSES, HIDDEN, depth=1, activation=jax.nn.relu, key=key)
+        self.perm = jnp.arange(D_IN)[::-1]
+
+    def __call__(self, x):
+        return self.mlp(x[self.perm])
+
+
+def test_an_equinox_model_with_an_integer_array_trains_like_equinoxs_own_loop():
+    def loss_fn(model, batch):
+        return xent(jax.vmap(model)(batch["x"]), batch["y"])
+
+    optimizer = optax.adamw(1e-2)
+    trainer = Trainer(PermutedMLP, optimizer, loss_fn, strategy=FSDP())
+    state = trainer.init(0)
+    assert jax.tree.leaves(state.model_state)[0].dtype == jnp.int32
+    losses = []
+    for batch in batches():
+        state, metrics = trainer.step(state, trainer.place_batch(batch))
+        losses.append(float(metrics["loss"]))
+    model = PermutedMLP(jax.random.key(0))  # equinox's own loop on one device
+    params, static = eqx.partition(model, eqx.is_inexact_array)
+    opt_state = optimizer.init(params)
+
+    @eqx.filter_jit
+    def step(params, opt_state, batch):
+        value, grads = jax.value_and_grad(lambda p: loss_fn(eqx.combine(p, static), batch))(params)
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, value
+
+    want = []
+    for batch in batches():
+        params, opt_state, value = step(params, opt_state, batch)
+        want.append(float(value))
+    np.testing.assert_allclose(losses, want, rtol=RTOL, atol=1e-6)
+    np.testing.assert_array_equal(jax.tree.leaves(state.model_state)[0], model.perm)

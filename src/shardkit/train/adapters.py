@@ -212,6 +212,11 @@ class _Equinox(ModelKind):
         )
         return model if train else eqx.nn.inference_mode(model)
 
+    def state_of(self, bound):
+        """The non-floating arrays of the bound model (an index table, a step counter): an
+        Equinox model is immutable, so they come back as they went in."""
+        return self.split(bound)[1]
+
 
 def kind_of(model: Any) -> ModelKind:
     """The `ModelKind` of a model object (its static part filled in by `abstract_model`)."""
