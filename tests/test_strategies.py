@@ -103,6 +103,19 @@ def test_leaf_no_rule_matches_is_a_clear_error():
         TensorParallel().param_specs(tree, TensorParallel().make_mesh())
 
 
+@pytest.mark.parametrize("dim", [2, 5, -3])
+def test_a_tensor_rule_dim_the_leaf_lacks_is_named_not_wrapped(dim):
+    tree = {"up": jax.ShapeDtypeStruct((16, 64), "float32")}
+    s = TensorParallel(tensor_rules=((r"up", dim),))
+    with pytest.raises(
+        ValueError, match=rf"splits dim {dim} of leaf 'up', which has 2 dims.*-2\.\.1"
+    ):
+        s.param_specs(tree, s.make_mesh())
+    assert TensorParallel(tensor_rules=((r"up", -1),)).param_specs(tree, s.make_mesh()) == {
+        "up": P(None, "tensor")
+    }
+
+
 def test_expected_collectives():
     dp = DataParallel()
     e = dp.expected_collectives(dp.make_mesh())

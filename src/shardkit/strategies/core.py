@@ -363,6 +363,12 @@ def _tensor_dim(strategy, path, shape, names, tensor):
         if re.search(pattern, path):
             if dim is None or not shape:
                 return None
+            if not -len(shape) <= dim < len(shape):
+                raise ShardkitValueError(
+                    f"tensor_rules: the rule ({pattern!r}, {dim}) splits dim {dim} of leaf "
+                    f"{path!r}, which has {len(shape)} dims (shape {shape}); fix: a dim in "
+                    f"{-len(shape)}..{len(shape) - 1}, or None to replicate it."
+                )
             d = dim % len(shape)
             return None if shape[d] % tensor else d
     raise UnmatchedLeafError(
