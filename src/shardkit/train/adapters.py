@@ -29,7 +29,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from shardkit.common import path_str
-from shardkit.errors import ShardkitValueError
+from shardkit.errors import ShardkitTypeError, ShardkitValueError
 from shardkit.models.common import logical_axes
 
 try:  # optional: Equinox models are accepted when Equinox is installed
@@ -262,6 +262,21 @@ def _check_pytree(model: Any) -> None:
         )
 
 
+def _check_model_fn(model_fn: Any) -> None:
+    """Raises for a `model_fn` that is a model (or parameters) rather than a function of a key."""
+    is_model = isinstance(model_fn, (nnx.Module, Linen, nn.Module)) or (
+        eqx is not None and isinstance(model_fn, eqx.Module)
+    )
+    if is_model or not callable(model_fn):
+        what = "a model" if is_model else "not callable"
+        raise ShardkitTypeError(
+            f"model_fn is {what} ({type(model_fn).__name__}); it must be a function "
+            "key -> model, which the Trainer traces to lay the parameters out before they "
+            "exist; fix: model_fn=lambda key: MyModel(..., rngs=nnx.Rngs(key)), or "
+            "lambda key: model to train one you have built."
+        )
+
+
 class Abstract(NamedTuple):
     """A model traced without allocating: its kind, shapes and axis names."""
 
@@ -274,6 +289,7 @@ class Abstract(NamedTuple):
 
 def abstract_model(model_fn: Callable[[jax.Array], Any]) -> Abstract:
     """Traces `model_fn` once (`jax.eval_shape`) and returns its kind, shapes and names."""
+    _check_model_fn(model_fn)
     found: dict = {}
 
     def build(key):

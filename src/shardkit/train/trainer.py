@@ -44,6 +44,15 @@ from shardkit.train.accumulate import (
     unreduced_axes,
 )
 from shardkit.train.adapters import abstract_model, cast_like, describe_state, split_model
+from shardkit.train.arguments import (
+    DTYPES,
+    check_arguments,
+    check_batch,
+    check_loss,
+    check_seed,
+    check_state,
+    checked_strategy,
+)
 from shardkit.train.opt_specs import optimizer_state_specs
 from shardkit.train.param_layout import split_stacked, unannotated_notes
 from shardkit.train.pipelined import pipeline_loss_and_grads, pipeline_of
@@ -63,26 +72,6 @@ class BatchSizeError(ShardkitError, ValueError):
     """A batch that the data-splitting mesh axes (or micro-batches) do not divide."""
 
 
-_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
-
-
-def _check_arguments(grad_accum: Any, compute_dtype: Any, nonfinite: Any) -> None:
-    if not isinstance(grad_accum, int) or grad_accum < 1:
-        raise ShardkitValueError(
-            f"grad_accum={grad_accum!r} must be an int >= 1; fix: grad_accum=1."
-        )
-    if compute_dtype not in _DTYPES:
-        raise ShardkitValueError(
-            f"compute_dtype={compute_dtype!r} is not one of {sorted(_DTYPES)}; "
-            "fix: compute_dtype='bfloat16' for mixed precision."
-        )
-    if nonfinite not in (None, "stop", "skip"):
-        raise ShardkitValueError(
-            f"nonfinite={nonfinite!r} is not None, 'stop' or 'skip'; fix: nonfinite='stop' "
-            "(report the gradient norm so the loop can stop) or 'skip' (drop such updates)."
-        )
-
-
 class Trainer:
     """Trains a model with a parallelism strategy on a device mesh.
 
@@ -94,7 +83,8 @@ class Trainer:
         optimizer: an optax `GradientTransformation` (schedules welcome).
         loss_fn: `(model, batch) -> loss` or `(loss, metrics dict)`; for plain pytrees `model`
             is the parameter pytree, for Linen a callable running `module.apply`.
-        strategy: a strategy from `shardkit.strategies` (default `Auto()`).
+        strategy: a strategy from `shardkit.strategies` (default `Auto()`), or its name as
+            `shardkit train --strategy` takes it ("dp", "fsdp", "zero1", "tp", "hybrid").
         mesh: a mesh with the strategy's axis names; default `strategy.make_mesh(devices)`.
         devices: devices for the default mesh (default all).
         axis_types: "auto" or "explicit" for the default mesh.
@@ -109,10 +99,14 @@ class Trainer:
             unchanged and reports `skipped` = 1).
 
     Raises:
-        ValueError: for a model_fn result that is no model, grad_accum < 1 or an unknown
-            dtype; with pipeline stages: a model with non-trained state, a mesh without
-            "stage", a model without `pipeline_stages`, a layer count the stages do not
-            divide, or grad_accum > 1.
+        TypeError: for an argument of the wrong kind (a model or a dict as `model_fn`, an
+            optax function not called, a strategy class not instantiated), each naming the
+            argument with a fix; `step` and `evaluate` likewise for a batch not placed with
+            `place_batch`, `step` for a state not from `init`.
+        ValueError: for a model_fn result that is no model, grad_accum < 1, an unknown dtype
+            or a non-scalar loss; with pipeline stages: a model with non-trained state, a
+            mesh without "stage", a model without `pipeline_stages`, a layer count the stages
+            do not divide, or grad_accum > 1.
 
     Example:
         >>> import optax
@@ -143,7 +137,10 @@ class Trainer:
         batch_size: int | None = None,
         nonfinite: str | None = None,
     ):
-        _check_arguments(grad_accum, compute_dtype, nonfinite)
+        check_arguments(
+            optimizer, loss_fn, mesh=mesh, grad_accum=grad_accum, compute_dtype=compute_dtype,
+            batch_size=batch_size, nonfinite=nonfinite,
+        )  # fmt: skip
         self.nonfinite = nonfinite
         self.model_fn, self.optimizer, self.loss_fn = model_fn, optimizer, loss_fn
         self.grad_accum, self.compute_dtype = grad_accum, compute_dtype
@@ -155,7 +152,7 @@ class Trainer:
         self.abstract_params, self.logical = model.params, model.logical
         self.abstract_model_state = model.state
         self.strategy_reason = ""
-        strategy = Auto() if strategy is None else strategy
+        strategy = checked_strategy(strategy)
         if isinstance(strategy, Auto):  # the planner chooses, as `shardkit train --strategy auto`
             devs = list(devices or jax.devices())
             if mesh is not None:
@@ -392,8 +389,7 @@ class Trainer:
 
         The same seed gives the same values on every mesh (partitionable threefry).
         """
-        key = jax.random.key(seed) if isinstance(seed, int) else seed
-        return self.compiled_init()(key)
+        return self.compiled_init()(check_seed(seed))
 
     # -- step -----------------------------------------------------------------------------
     def _constrain(self, tree, specs):
@@ -401,7 +397,7 @@ class Trainer:
 
     def _loss(self, params, batch, model_state=None, *, train=True):
         """(loss, (metrics, model state after the call)) of `loss_fn` on the bound model."""
-        dtype = _DTYPES[self.compute_dtype]
+        dtype = DTYPES[self.compute_dtype]
         params = jax.tree.map(lambda p: p.astype(dtype) if p.dtype == jnp.float32 else p, params)
         params = self._constrain(params, self._upfront_specs)  # FSDP all-gather
 
@@ -412,6 +408,7 @@ class Trainer:
             with self.bound.model_context():  # sequence parallelism, when asked for
                 out = self.loss_fn(model, batch)
             loss, metrics = out if isinstance(out, tuple) else (out, {})
+            check_loss(loss, metrics)
             if model_state is not None:
                 model_state = cast_like(self.kind.state_of(model), model_state)
             return loss.astype(jnp.float32), dict(metrics), model_state
@@ -561,6 +558,7 @@ class Trainer:
                 with non-trained state (BatchNorm statistics) needs. The model runs in
                 evaluation mode (NNX `model.eval()`, Equinox inference mode).
         """
+        check_batch(batch, "evaluate")
         model_state = None
         if isinstance(params, TrainState):
             params, model_state = params.params, params.model_state
@@ -587,6 +585,8 @@ class Trainer:
         call waits for the previous step before returning. Dispatching many steps ahead there
         slows a 2-process x 4-device run from 12 ms to over 2.5 s per step (docs/multihost.md).
         """
+        check_state(state, TrainState, "step")
+        check_batch(batch, "step")
         out = self.compile_step(batch)(state, dict(batch))
         if self._bounded_dispatch:
             if self._in_flight is not None:
