@@ -297,6 +297,32 @@ def test_partly_annotated_model_replicates_builtin_norms_and_says_so():
     assert "optimizer state" in report.summary() and report.optimizer
 
 
+class OddWidth(nnx.Module):
+    def __init__(self, rngs):
+        self.l1 = nnx.Linear(D_IN, 30, kernel_init=partitioned("embed", "mlp"), rngs=rngs)
+        self.l2 = nnx.Linear(30, CLASSES, kernel_init=partitioned("mlp", "embed"), rngs=rngs)
+
+    def __call__(self, x):
+        return self.l2(self.l1(x))
+
+
+def test_a_dim_tensor_parallelism_cannot_split_is_replicated_and_said_so():
+    """30 does not divide over 8 tensor devices: replicated, and the notes name each leaf, by
+    logical name (NNX) or by tensor_rules (a pytree), where they said nothing before."""
+    trainer = Trainer(lambda k: OddWidth(nnx.Rngs(k)), optax.adam(1e-3), nnx_loss,
+                      strategy=TensorParallel())  # fmt: skip
+    assert trainer.param_specs["l1"]["kernel"] == P(None, None)
+    note = next(n for n in trainer.lint().notes if "does not divide" in n)
+    assert "'l1/kernel' dim 1 of (8, 30)" in note and "'l2/kernel' dim 0 of (30, 4)" in note
+    assert "(8 devices)" in note and "multiples of 8" in note
+    rules = TensorParallel(tensor_rules=((r"w", 1), (r"u", 1)))
+    tree = lambda k: {"w": jnp.zeros((D_IN, 30)), "u": jnp.zeros((D_IN, 32))}  # noqa: E731
+    trainer = Trainer(tree, optax.adam(1e-3), pytree_loss, strategy=rules)
+    assert trainer.param_specs == {"w": P(None, None), "u": P(None, "tensor")}
+    notes = [n for n in trainer.notes if "does not divide" in n]
+    assert len(notes) == 1 and "'w' dim 1 of (8, 30)" in notes[0] and "'u'" not in notes[0]
+
+
 class Unannotated2D(nnx.Module):
     def __init__(self, rngs):
         self.l1 = nnx.Linear(D_IN, HIDDEN, kernel_init=partitioned("embed", "mlp"), rngs=rngs)

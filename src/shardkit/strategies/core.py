@@ -340,13 +340,18 @@ def leaf_spec(strategy, path: str, shape: tuple[int, ...], names, mesh, *, for_o
 
 
 def _tensor_dim(strategy, path, shape, names, tensor):
+    dim = tensor_request(strategy, path, shape, names)
+    # indivisible: replicated, and listed in the Trainer's notes (`indivisible_notes`)
+    return None if dim is None or shape[dim] % tensor else dim
+
+
+def tensor_request(strategy, path: str, shape: tuple[int, ...], names) -> int | None:
+    """The dim of a leaf that tensor parallelism is asked to split (by its logical names or
+    the strategy's `tensor_rules`), whether or not the tensor axis divides it; None if none."""
     if names:
         for logical in TENSOR_NAMES + TENSOR_AXIS_NAMES:
             if logical in names:
-                dim = names.index(logical)
-                if shape[dim] % tensor == 0:
-                    return dim
-                return None  # indivisible: replicated (reported by the layout table)
+                return names.index(logical)
         return None
     rules = getattr(strategy, "tensor_rules", None)
     if rules is None:
@@ -369,8 +374,7 @@ def _tensor_dim(strategy, path, shape, names, tensor):
                     f"{path!r}, which has {len(shape)} dims (shape {shape}); fix: a dim in "
                     f"{-len(shape)}..{len(shape) - 1}, or None to replicate it."
                 )
-            d = dim % len(shape)
-            return None if shape[d] % tensor else d
+            return dim % len(shape)
     raise UnmatchedLeafError(
         f"leaf {path!r} (shape {shape}) matches no tensor_rules pattern of {strategy!r}; "
         "fix: add a rule for it, e.g. (r'.*', None) last to replicate everything else."

@@ -73,9 +73,9 @@ def check_arguments(
             f"loss_fn={_got(loss_fn)} is not callable; fix: pass a function "
             "(model, batch) -> loss or (loss, metrics dict)."
         )
-    if mesh is not None and not isinstance(mesh, jax.sharding.Mesh):
+    if mesh is not None and not isinstance(mesh, (jax.sharding.Mesh, jax.sharding.AbstractMesh)):
         raise ShardkitTypeError(
-            f"mesh={_got(mesh)} is not a jax.sharding.Mesh; fix: leave it out (the strategy "
+            f"mesh={_got(mesh)} is not a jax.sharding.Mesh (or AbstractMesh); fix: leave it out (the strategy "
             "makes one), or pass jax.make_mesh(sizes, names) with the strategy's axis names."
         )
     if isinstance(grad_accum, bool) or not isinstance(grad_accum, int) or grad_accum < 1:

@@ -10,8 +10,9 @@ import jax
 from jax.sharding import PartitionSpec as P
 
 from shardkit.common import path_str
+from shardkit.strategies.core import tensor_request
 
-__all__ = ["split_stacked", "unannotated_notes"]
+__all__ = ["indivisible_notes", "split_stacked", "unannotated_notes"]
 
 
 def split_stacked(params, logical, param_specs, compute_specs, bound):
@@ -66,4 +67,33 @@ def unannotated_notes(trainer: Any) -> list[str]:
         f"{len(small)} unannotated 1-D parameters ({', '.join(small[:3])}{more}) are "
         "replicated over 'tensor'; annotate them (e.g. bias_init=nnx.with_partitioning(init, "
         "('mlp',))) to split them"
+    ]
+
+
+def indivisible_notes(trainer: Any) -> list[str]:
+    """Parameters whose dim tensor parallelism is asked to split (by name or `tensor_rules`)
+    does not divide by the tensor axis, so they are replicated over it instead."""
+    tensor = trainer.bound.size("tensor")
+    if tensor == 1 or getattr(trainer.strategy, "rules", None) is not None:
+        return []  # a shardkit.Rules layout raises IndivisibleShardingError itself
+    flat = jax.tree_util.tree_flatten_with_path(trainer.abstract_params)[0]
+    names = (
+        jax.tree.structure(trainer.abstract_params).flatten_up_to(trainer.logical)
+        if trainer.logical is not None
+        else [None] * len(flat)
+    )
+    found = []
+    for (path, leaf), nm in zip(flat, names, strict=True):
+        where, shape = path_str(path), tuple(leaf.shape)
+        dim = tensor_request(trainer.strategy, where, shape, nm)
+        if dim is not None and shape[dim] % tensor:
+            found.append(f"{where!r} dim {dim} of {shape}")
+    if not found:
+        return []
+    more = f" and {len(found) - 3} more" if len(found) > 3 else ""
+    return [
+        f"{len(found)} parameters are replicated over 'tensor' ({tensor} devices), which does "
+        f"not divide the dim it was asked to split: {', '.join(found[:3])}{more}; to split "
+        f"them, make those dims multiples of {tensor} or use a smaller tensor degree; to "
+        "replicate them on purpose, give their tensor_rules dim None"
     ]

@@ -54,7 +54,7 @@ from shardkit.train.arguments import (
     checked_strategy,
 )
 from shardkit.train.opt_specs import optimizer_state_specs
-from shardkit.train.param_layout import split_stacked, unannotated_notes
+from shardkit.train.param_layout import indivisible_notes, split_stacked, unannotated_notes
 from shardkit.train.pipelined import pipeline_loss_and_grads, pipeline_of
 
 
@@ -197,7 +197,7 @@ class Trainer:
         self._init = None
         self.auto_axes: tuple[str, ...] = ()  # mesh axes the model runs with as Auto
         # what the Trainer decided for this model that is not a problem, for the lint report
-        self.notes: list[str] = unannotated_notes(self)
+        self.notes: list[str] = unannotated_notes(self) + indivisible_notes(self)
         if self.pipeline is None and grad_accum > 1:  # gradients reduced per micro-batch: why
             self.notes += per_microbatch_notes(self._unreduced, bound, self.abstract_model_state)
         # several processes on XLA:CPU: keep at most two steps in flight (see `step`)
