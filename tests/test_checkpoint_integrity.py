@@ -357,3 +357,23 @@ def test_a_users_folder_named_like_a_step_is_never_rotated_away(tmp_path):
     assert sorted(p.name for p in checkpoint_entries(folder)) == ["4"]
     assert (folder / "notes.txt").read_text() == "mine too"
     ckpt.close()
+
+
+def test_a_renamed_step_folder_is_not_resumed_under_the_wrong_step(tmp_path):
+    """Folder 6 renamed to 9 passes its digests but would resume as step 9 (and orbax would
+    then skip saves up to 9): it is refused by number, moved aside, and 4 is restored."""
+    folder = tmp_path / "ckpt"
+    ckpt = Checkpointer(folder, save_every=2, max_to_keep=3)
+    saved = run(make(), ckpt, 6)
+    ckpt.close()
+    (folder / "6").rename(folder / "9")
+    ckpt = Checkpointer(folder, save_every=2, max_to_keep=3)
+    with pytest.raises(CheckpointCorruptError, match=r"folder 9 .* holds the state of step 6.*fix"):
+        ckpt.restore(make(), step=9)
+    with pytest.warns(CheckpointRejectedWarning, match="step 6"):
+        state = ckpt.restore(make())
+    assert int(state.step) == 4 and [s for s, _, _ in ckpt.rejected] == [9]
+    for a, b in zip(host(state), saved[4], strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert (tmp_path / "ckpt.rejected" / "9").is_dir()
+    ckpt.close()

@@ -75,8 +75,9 @@ def check_arguments(
         )
     if mesh is not None and not isinstance(mesh, (jax.sharding.Mesh, jax.sharding.AbstractMesh)):
         raise ShardkitTypeError(
-            f"mesh={_got(mesh)} is not a jax.sharding.Mesh (or AbstractMesh); fix: leave it out (the strategy "
-            "makes one), or pass jax.make_mesh(sizes, names) with the strategy's axis names."
+            f"mesh={_got(mesh)} is not a jax.sharding.Mesh (or AbstractMesh); fix: leave it "
+            "out (the strategy makes one), or pass jax.make_mesh(sizes, names) with the "
+            "strategy's axis names."
         )
     if isinstance(grad_accum, bool) or not isinstance(grad_accum, int) or grad_accum < 1:
         raise ShardkitValueError(

@@ -326,6 +326,13 @@ class Checkpointer:
                     f"checkpoint step {step} in {self.directory}: {len(wrong)} arrays differ from "
                     f"the digests recorded when it was saved ({', '.join(wrong[:3])})"
                 )
+        saved_step = None if entry is None else entry.get("step")
+        if saved_step is not None and saved_step != step:  # digests match: the name lies
+            raise CheckpointCorruptError(
+                f"checkpoint folder {step} in {self.directory} holds the state of step "
+                f"{saved_step} (renamed or copied over?); resuming it as step {step} would "
+                f"misnumber the run; fix: give it back its name, {saved_step}"
+            )
         if bad:
             raise CheckpointCorruptError(
                 f"checkpoint step {step} in {self.directory} holds NaN or Inf in "
