@@ -93,9 +93,7 @@ def _cg_jit(a, b, x0, tol, atol, matvec, precond, mesh, axes, maxiter, jacobi):
     smap = functools.partial(jax.shard_map, mesh=mesh)
     dot = smap(functools.partial(_dot_local, axes=axes), in_specs=(vec, vec), out_specs=P())
     dots = smap(functools.partial(_dots_local, axes=axes), in_specs=(vec, vec), out_specs=P())
-    dtype = b.dtype if a is None else jnp.result_type(a.dtype, b.dtype)
-    if not jnp.issubdtype(dtype, jnp.inexact):
-        dtype = jnp.result_type(dtype, jnp.float32)
+    dtype = layout.solve_dtype(b.dtype) if a is None else layout.solve_dtype(a.dtype, b.dtype)
     if a is not None:
         a = constrain(a.astype(dtype), mesh, P(axes, None))
         mv = smap(functools.partial(_matvec_local, axes=axes), in_specs=(P(axes, None), vec),

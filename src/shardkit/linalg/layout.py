@@ -333,6 +333,13 @@ def check_matrix(a, arg: str, *, square: bool = True, stacked: str | None = None
     check_dtype(a, arg)
 
 
+def solve_dtype(*dtypes) -> jnp.dtype:
+    """The dtype a solve with operands of `dtypes` computes in, as `jnp.linalg.solve` promotes:
+    float32 with float64 is float64 (without x64, float32), integers and bools are floats."""
+    full = jnp.result_type(*(jax.dtypes.canonicalize_dtype(d) for d in dtypes))
+    return full if jnp.issubdtype(full, jnp.inexact) else jnp.result_type(full, jnp.float32)
+
+
 def check_dtype(a, arg: str) -> None:
     """Raises TypeError unless ``a`` is floating or complex (what LAPACK factors)."""
     if not jnp.issubdtype(a.dtype, jnp.inexact):

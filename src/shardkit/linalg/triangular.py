@@ -141,9 +141,7 @@ def real_columns(b2: jax.Array, a_dtype) -> tuple[Any, jax.Array, Callable[[jax.
     solution's halves (the result is complex). Returns ``(matrix dtype, b2, join)``; cast the
     matrix or its factors to that dtype."""
     a_dtype = jax.dtypes.canonicalize_dtype(a_dtype)  # a numpy float64 without x64: float32
-    full = jnp.result_type(a_dtype, b2.dtype)
-    if not jnp.issubdtype(full, jnp.inexact):
-        full = jnp.result_type(full, jnp.float32)
+    full = layout.solve_dtype(a_dtype, b2.dtype)
     b2 = b2.astype(full)
     if not jnp.iscomplexobj(b2) or jnp.issubdtype(a_dtype, jnp.complexfloating):
         return full, b2, lambda x: x
