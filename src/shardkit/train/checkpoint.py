@@ -116,40 +116,38 @@ def checkpoint_path(directory: str | pathlib.Path | epath.Path) -> epath.Path:
 _ORBAX_ENTRIES = ("state", "meta", "_CHECKPOINT_METADATA", "commit_success.txt")
 
 
+def _scan(directory: epath.Path) -> tuple[list[epath.Path], list[epath.Path]]:
+    """One listing of a checkpoint folder: (its checkpoint entries, `foreign_steps`)."""
+    entries, foreign = [], []
+    for p in directory.iterdir() if directory.is_dir() else []:
+        if not p.is_dir():
+            continue
+        if p.name.isdigit():
+            names = {c.name for c in p.iterdir()}
+            (foreign if names and not names & set(_ORBAX_ENTRIES) else entries).append(p)
+        elif ".orbax-checkpoint-tmp" in p.name:
+            entries.append(p)
+    return entries, foreign
+
+
 def checkpoint_entries(directory: Any) -> list[epath.Path]:
     """The entries of a checkpoint folder that are checkpoints: step folders (integer names,
     written by orbax) and unfinished saves (`<step>.orbax-checkpoint-tmp-*`). A user's own
     files and folders are not among them (see `foreign_steps`)."""
-    directory = checkpoint_path(directory)
-    if not directory.is_dir():
-        return []
-    foreign = {p.name for p in foreign_steps(directory)}
-    return [
-        p
-        for p in directory.iterdir()
-        if p.is_dir()
-        and (".orbax-checkpoint-tmp" in p.name or p.name.isdigit())
-        and p.name not in foreign
-    ]
+    return _scan(checkpoint_path(directory))[0]
 
 
 def foreign_steps(directory: Any) -> list[epath.Path]:
     """Folders named like a checkpoint step that hold something but nothing orbax writes: a
     user's own folder ("1/", "2024/") that rotation (`max_to_keep`) would delete."""
-    directory = checkpoint_path(directory)
-    out = []
-    for p in directory.iterdir() if directory.is_dir() else []:
-        if p.name.isdigit() and p.is_dir():
-            names = {c.name for c in p.iterdir()}
-            if names and not names & set(_ORBAX_ENTRIES):
-                out.append(p)
-    return out
+    return _scan(checkpoint_path(directory))[1]
 
 
-def refuse_foreign_steps(directory: Any) -> None:
-    """Raises when `foreign_steps` finds a user's folder among the checkpoint steps."""
+def refuse_foreign_steps(directory: Any) -> list[epath.Path]:
+    """Raises when `foreign_steps` finds a user's folder among the checkpoint steps; returns
+    the `checkpoint_entries` otherwise (from the same listing)."""
     directory = checkpoint_path(directory)
-    foreign = foreign_steps(directory)
+    entries, foreign = _scan(directory)
     if foreign:
         held = sorted(c.name for c in foreign[0].iterdir())[:3]
         raise ShardkitValueError(
@@ -157,6 +155,7 @@ def refuse_foreign_steps(directory: Any) -> None:
             f"checkpoint step but not one: keeping the newest checkpoints would delete it; fix: "
             f"move it out of {directory}, or use another --checkpoint-dir."
         )
+    return entries
 
 
 class Checkpointer:

@@ -38,7 +38,6 @@ from shardkit.train.checkpoint import (
     Checkpointer,
     CheckpointRejectedWarning,
     NonFiniteStateError,
-    checkpoint_entries,
     refuse_foreign_steps,
 )
 from shardkit.train.config import TrainConfig, parse_window
@@ -48,7 +47,6 @@ from shardkit.train.guard import (
     StopSignals,
     claim_output,
     diverged,
-    holds_checkpoints,
     interrupted,
     nothing_to_resume,
 )
@@ -320,11 +318,10 @@ def _show_set_up(run: _Run) -> None:
 def _start(run: _Run) -> tuple[Checkpointer, dict, Any]:
     """The checkpoint folder (checked fresh, or resumed from) and the first state."""
     cfg = run.cfg
-    if run.primary and cfg.overwrite and holds_checkpoints(cfg.checkpoints):
-        refuse_foreign_steps(cfg.checkpoints)  # before deleting anything
-        steps = checkpoint_entries(cfg.checkpoints)  # a user's own files there stay
-        for entry in steps:  # asked for by --overwrite (local or bucket)
-            entry.rmtree()
+    steps = refuse_foreign_steps(cfg.checkpoints) if run.primary and cfg.overwrite else []
+    for entry in steps:  # asked for by --overwrite (local or bucket); a user's own files stay
+        entry.rmtree()
+    if steps:
         run.say(
             f"[bold]overwrite[/] removed the previous run's checkpoints "
             f"{sorted(e.name for e in steps)} in {cfg.checkpoints}"
