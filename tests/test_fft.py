@@ -165,7 +165,10 @@ def test_natural_layout_does_the_fft_over_x_by_matmuls_up_to_128_point_chunks(
         x2 = skfft.pifft3d(y, norm="ortho", layout=layout)
         assert _same_layout(x2, x) and _relerr(x2, host) < 1e-5
     y = skfft.pfft3d(x)
-    for fn, arg, want_ffts in ((skfft.pfft3d, x, ffts[0]), (skfft.pifft3d, y, ffts[1])):
+    cases = [(skfft.pfft3d, x, ffts[0]), (skfft.pifft3d, y, ffts[1])]
+    if mesh_name == "2x4":  # a pencil's transposed layout takes the matmuls too
+        cases.append((functools.partial(skfft.pfft3d, layout="transposed"), x, ffts[0]))
+    for fn, arg, want_ffts in cases:
         text = jax.jit(fn).lower(arg).compile().as_text()
         ops = [ln for ln in text.splitlines() if re.search(r"= c64\[[\d,]+\]\S* fft\(", ln)]
         assert len(ops) == want_ffts, ops
@@ -292,6 +295,11 @@ def test_batched_4d_input(axis_type):
     assert _relerr(y, np.fft.fftn(host.astype(np.complex128), axes=(1, 2, 3))) < 1e-5
     assert y.sharding.is_equivalent_to(NamedSharding(mesh, P("b", None, "x", "y")), 4)
     assert _same_layout(skfft.pifft3d(y), x)
+    # the transposed layout takes the FFT over X by matmuls with the batch among the columns
+    yt = skfft.pfft3d(x, layout="transposed")
+    want = np.moveaxis(np.fft.fftn(host.astype(np.complex128), axes=(1, 2, 3)), 1, -1)
+    assert _relerr(yt, want) < 1e-5 and _same_layout(yt, x)
+    assert _relerr(skfft.pifft3d(yt, layout="transposed"), host) < 1e-5
     r = skfft.prfft3d(_put(host.real.copy(), mesh, P("b", "x", "y")))
     assert _relerr(r, np.fft.rfftn(host.real.astype(np.float64), axes=(1, 2, 3))) < 1e-5
 

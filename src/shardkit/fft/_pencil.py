@@ -10,11 +10,12 @@ a * b, the forward complex pencil transforms run
 The first all-to-all splits the leading local dim and gathers Y in whole rows of Z: its copies
 move contiguous blocks, and the 2-D FFT runs over the two trailing dims with no transpose. The
 second lands chunk j, rows j*m .. j*m + m - 1 of X (m = X / (a*b)), where X lies in the natural
-layout: the FFT over X runs there as two matmuls (`_dft`) when m <= `_dft.MAX_M`. Otherwise, and
-in the transposed layout `[Y_a, Z_b, X]`, the copy that joins the chunks also moves X last for
-the FFT (the natural layout then moves it back). The per-axis route (`_complex`) needs a local
-rotation before each 1-D FFT and, in the natural layout, a transpose after the last; on XLA:CPU a
-transpose that moves the minor dim of a complex shard costs about 2.8 plain copies.
+layout: the FFT over X runs there as two matmuls (`_dft`) when m <= `_dft.MAX_M`, in both
+layouts (in the transposed layout `[Y_a, Z_b, X]` the matmuls leave X last). Otherwise the copy
+that joins the chunks also moves X last for the FFT (the natural layout then moves it back).
+The per-axis route (`_complex`) needs a local rotation before each 1-D FFT and, in the natural
+layout, a transpose after the last; on XLA:CPU a transpose that moves the minor dim of a
+complex shard costs about 2.8 plain copies.
 
 Traffic: the all-to-all over (a, b) sends (a - 1)/a of the shard across mesh axis a, as the
 per-axis route's all-to-all over a does, and (b - 1)/(a*b) of the shard more within mesh axis b.
@@ -67,7 +68,7 @@ def forward(blk, entries: tuple, mesh_shape: dict, *, layout: str, norm):
     blk = jnp.fft.fftn(blk, axes=(nb + 1, nb + 2), norm=norm)
     t = E.swap(_pack(blk, nb, a, b), L.entry_names(ea) + L.entry_names(eb))
     # t[j, *B, x2, Y_a, Z_b]: X = j*m + x2 in natural order
-    if layout == "natural" and t.shape[nb + 1] <= D.MAX_M:
-        return D.forward_gathered(t, nb, norm)
+    if t.shape[nb + 1] <= D.MAX_M:
+        return D.forward_gathered(t, nb, norm, x_last=layout == "transposed")
     y = jnp.fft.fft(E.reassemble(t, _NATURAL, 0, [1, 2, 0], nb), axis=-1, norm=norm)
     return y if layout == "transposed" else jnp.moveaxis(y, -1, nb)
