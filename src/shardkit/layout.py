@@ -24,11 +24,11 @@ from typing import Any, TextIO
 
 import jax
 import numpy as np
-from jax.sharding import NamedSharding, PartitionSpec
+from jax.sharding import NamedSharding, PartitionSpec, Sharding
 
 from shardkit.common import format_bytes
 from shardkit.errors import ShardkitTypeError, ShardkitValueError
-from shardkit.leaves import leaf_path_items
+from shardkit.leaves import is_variable, leaf_path_items
 from shardkit.linter import lint
 
 __all__ = [
@@ -67,12 +67,28 @@ def spec_notation(
       >>> spec_notation(("D", "F"), P(None, ("x", "y")))
       'W[D, F_{x,y}]'
     """
-    if isinstance(shape_or_names, int):
-        dims = list(_DIM_LETTERS[:shape_or_names])
-    elif all(isinstance(s, str) for s in shape_or_names):
-        dims = list(shape_or_names)
+    if isinstance(shape_or_names, (int, np.integer)):
+        rank = int(shape_or_names)
+        if rank < 0:
+            raise ShardkitValueError(
+                f"spec_notation: rank {rank} is negative; fix: pass the array's rank, shape or "
+                "one name per dim."
+            )
+    elif all(isinstance(s, str) for s in shape_or_names) and len(shape_or_names):
+        rank = None
     else:
-        dims = [_DIM_LETTERS[i % 26] for i in range(len(shape_or_names))]
+        rank = len(shape_or_names)
+    if rank is None:
+        dims = list(shape_or_names)
+    elif rank <= len(_DIM_LETTERS):
+        dims = list(_DIM_LETTERS[:rank])
+    else:  # beyond Z the dims are numbered
+        dims = [f"D{i}" for i in range(rank)]
+    if len(spec) > len(dims):
+        raise ShardkitValueError(
+            f"spec_notation: spec {spec} has {len(spec)} entries but the array has "
+            f"{len(dims)} dims; fix: one spec entry per dim at most."
+        )
     parts = []
     for i, d in enumerate(dims):
         entry = spec[i] if i < len(spec) else None
@@ -142,6 +158,10 @@ def layout_of(
                 "show/layout_of: pass an array, or shape= with sharding= or mesh=+spec=."
             )
         shape = tuple(int(s) for s in shape)
+        if any(s < 0 for s in shape):
+            raise ShardkitValueError(
+                f"show/layout_of: shape {shape} has a negative size; fix: sizes >= 0."
+            )
         if sharding is None:
             if mesh is None:
                 raise ShardkitTypeError(
@@ -178,7 +198,16 @@ def _grid(layout: Layout, dims: Sequence[int] | None):
         )
         shown = sorted(shown)
     else:
-        shown = [int(d) % nd for d in dims] if nd else []
+        dims = (dims,) if isinstance(dims, (int, np.integer)) else tuple(dims)
+        wrong = [d for d in dims if not -nd <= int(d) < nd]
+        if wrong:
+            raise ShardkitValueError(
+                f"dims={dims}: dim {wrong[0]} is out of range for a rank-{nd} array; fix: dims "
+                f"in {-nd}..{nd - 1}."
+                if nd
+                else f"dims={dims}: a rank-0 array has no dims; fix: leave dims out."
+            )
+        shown = [int(d) % nd for d in dims]
         if len(set(shown)) != len(shown) or len(shown) > 2:
             raise ShardkitValueError(
                 f"dims={dims}: pick at most two distinct dims of a rank-{nd} array."
@@ -446,21 +475,38 @@ def tree_table(tree: Any, specs: Any = None, mesh: Any = None) -> list[dict[str,
             own.append(getattr(sh, "spec", PartitionSpec()))
             if mesh is None and getattr(sh, "mesh", None) is not None:
                 mesh = sh.mesh
-        report = lint(tree, own, mesh)
+        report = lint(tree, jax.tree.structure(tree, is_leaf=is_variable).unflatten(own), mesh)
     else:
         report = lint(tree, specs, mesh)
-    return [
+    problems: dict[str, list[str]] = {}
+    for f in report.errors:  # a layout that cannot be placed says so in its row
+        problems.setdefault(f.path, []).append(f.code)
+    rows = [
         {
             "path": leaf.path,
             "shape": leaf.shape,
             "dtype": leaf.dtype,
-            "spec": spec_notation(leaf.shape, leaf.spec, name="")
-            if leaf.spec is not None
-            else "(unmatched)",
+            "spec": _row_spec(leaf.shape, leaf.spec, problems.get(leaf.path, [])),
             "bytes_per_device": leaf.bytes_per_device,
         }
         for leaf in report.leaves
     ]
+    if specs is None:  # each array on its own mesh: its own shard's bytes
+        for row, (_, x) in zip(rows, leaf_path_items(tree), strict=True):
+            sharding = getattr(x, "sharding", None)
+            if hasattr(sharding, "shard_shape"):
+                row["bytes_per_device"] = math.prod(sharding.shard_shape(row["shape"])) * (
+                    x.dtype.itemsize
+                )
+    return rows
+
+
+def _row_spec(shape: tuple[int, ...], spec: PartitionSpec | None, errors: list[str]) -> str:
+    """A tree_table row's spec: its notation, with the lint errors that stop it, if any."""
+    if spec is None:
+        return "(unmatched)"
+    text = spec_notation(shape, spec, name="") if len(spec) <= len(shape) else str(spec)
+    return f"{text} (error: {', '.join(errors)})" if errors else text
 
 
 def format_rows(rows: Sequence[Mapping[str, Any]], *, title: str | None = None) -> str:
@@ -489,6 +535,8 @@ def diff_specs(a: Any, b: Any) -> list[tuple[str, PartitionSpec | None, Partitio
         for path, leaf in leaf_path_items(tree):
             if isinstance(leaf, PartitionSpec):
                 out[path] = leaf
+            elif isinstance(leaf, Sharding):  # a NamedSharding compares by its spec
+                out[path] = getattr(leaf, "spec", None)
             elif hasattr(leaf, "sharding"):
                 out[path] = getattr(leaf.sharding, "spec", None)
             else:
@@ -512,6 +560,4 @@ def diff_specs(a: Any, b: Any) -> list[tuple[str, PartitionSpec | None, Partitio
 
 
 def _specs_as_leaves(tree: Any) -> Any:
-    import jax
-
     return jax.tree.map(lambda x: x, tree, is_leaf=lambda x: isinstance(x, PartitionSpec))

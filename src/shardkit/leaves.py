@@ -31,10 +31,16 @@ def leaf_value(x: Any) -> Any:
 
 
 def leaf_shape_dtype(x: Any) -> tuple[tuple[int, ...], np.dtype]:
-    """Shape and dtype of an array-like leaf (array, ShapeDtypeStruct, NNX Variable, scalar)."""
+    """Shape and dtype of an array-like leaf (array, ShapeDtypeStruct, NNX Variable, scalar).
+
+    A typed PRNG key (`jax.random.key`, NNX's Rngs streams) keeps its key dtype, which NumPy
+    does not know; its `itemsize` is the key's bytes."""
     v = leaf_value(x)
     if hasattr(v, "shape") and hasattr(v, "dtype"):
-        return tuple(int(d) for d in v.shape), np.dtype(v.dtype)
+        shape = tuple(int(d) for d in v.shape)
+        if jax.dtypes.issubdtype(v.dtype, jax.dtypes.prng_key):
+            return shape, v.dtype
+        return shape, np.dtype(v.dtype)
     a = np.asarray(v)
     return a.shape, a.dtype
 

@@ -23,7 +23,7 @@ from jax.sharding import PartitionSpec
 
 from shardkit.common import deprecated_aliases, format_bytes
 from shardkit.errors import ShardingRuleError
-from shardkit.leaves import leaf_path_items, leaf_shape_dtype
+from shardkit.leaves import is_variable, leaf_path_items, leaf_shape_dtype
 
 __all__ = [
     "DuplicateMeshAxisError",
@@ -110,7 +110,19 @@ def _mesh_sizes(mesh: Any) -> dict[str, int] | None:
     if mesh is None:
         return None
     if isinstance(mesh, Mapping):
+        bad = {k: v for k, v in mesh.items() if isinstance(v, bool) or not isinstance(
+            v, (int, np.integer)) or v < 1}  # fmt: skip
+        if bad:
+            raise ShardingRuleError(
+                f"mesh: axis sizes {bad} are not positive ints (mesh {dict(mesh)}); fix: give "
+                "each mesh axis its device count, e.g. {'data': 4, 'model': 2}."
+            )
         return {str(k): int(v) for k, v in mesh.items()}
+    if not hasattr(mesh, "shape") or not isinstance(mesh.shape, Mapping):
+        raise ShardingRuleError(
+            f"mesh: expected a Mesh, AbstractMesh or {{axis: size}} dict, got "
+            f"{type(mesh).__name__}; fix: pass the mesh (shardkit.make_mesh(...)) or its sizes."
+        )
     return {str(k): int(v) for k, v in mesh.shape.items()}
 
 
@@ -290,12 +302,17 @@ class LintReport:
     def summary(self) -> str:
         n_err = len(self.errors)
         n_warn = len(self.findings) - n_err
-        parts = [
-            f"{len(self.leaves)} leaves",
-            f"{format_bytes(self.bytes_global)} total",
+        per_device = [
             f"{format_bytes(self.bytes_per_device)} per device",
             f"{100 * self.replicated_fraction:.1f}% of per-device bytes fully replicated",
             f"{100 * self.redundant_fraction:.1f}% of all device memory holds copies",
+        ]
+        if self.mesh_sizes is None:
+            per_device = ["per-device bytes unknown (no mesh given)"]
+        parts = [
+            f"{len(self.leaves)} leaves",
+            f"{format_bytes(self.bytes_global)} total",
+            *per_device,
             f"{n_err} error{'s' * (n_err != 1)}",
             f"{n_warn} warning{'s' * (n_warn != 1)}",
         ]
@@ -379,6 +396,26 @@ def _check_not_swapped(tree: Any, rules_or_specs: Any) -> None:
         )
 
 
+def _spec_leaves(tree: Any, specs: Any) -> list[Any]:
+    """The spec for each leaf of `tree` (NNX Variables whole) from a spec tree mirroring it: a
+    PartitionSpec, a NamedSharding (its spec), an NNX Variable holding one, or None
+    (replicated); None subtrees of `tree` (a missing bias) may be None in `specs` too."""
+    treedef = jax.tree.structure(tree, is_leaf=is_variable)
+    try:
+        flat = treedef.flatten_up_to(specs)
+    except (ValueError, TypeError) as e:
+        raise ShardingRuleError(
+            f"rules_or_specs: the spec tree does not mirror the tree ({str(e).splitlines()[0]});"
+            " fix: build the specs from the same tree, e.g. rules.specs(tree, mesh), or pass "
+            "one PartitionSpec for every leaf."
+        ) from None
+    out = []
+    for x in flat:
+        x = x.get_value() if is_variable(x) else x
+        out.append(getattr(x, "spec", x) if isinstance(x, jax.sharding.NamedSharding) else x)
+    return out
+
+
 def lint(tree: Any, rules_or_specs: Any, mesh: Any = None, *, top: int = 5) -> LintReport:
     """Checks a layout before compiling: every problem, with its leaf path.
 
@@ -410,16 +447,7 @@ def lint(tree: Any, rules_or_specs: Any, mesh: Any = None, *, top: int = 5) -> L
     elif isinstance(rules_or_specs, PartitionSpec):
         assigned = [(rules_or_specs, "spec")] * len(items)
     else:
-        spec_leaves = jax.tree.leaves(
-            rules_or_specs, is_leaf=lambda x: x is None or isinstance(x, PartitionSpec)
-        )
-        spec_leaves = [x.get_value() if hasattr(x, "get_value") else x for x in spec_leaves]
-        if len(spec_leaves) != len(items):
-            raise ShardingRuleError(
-                f"rules_or_specs: the spec tree has {len(spec_leaves)} leaves but the tree has "
-                f"{len(items)}; fix: build the specs from the same tree, e.g. "
-                "rules.specs(tree, mesh)."
-            )
+        spec_leaves = _spec_leaves(tree, rules_or_specs)
         assigned = [(s if s is not None else PartitionSpec(), "spec") for s in spec_leaves]
 
     findings: list[LintFinding] = []
@@ -441,7 +469,10 @@ def lint(tree: Any, rules_or_specs: Any, mesh: Any = None, *, top: int = 5) -> L
         else:
             findings.extend(check_leaf(path, shape, spec, sizes))
         used = [] if spec is None else [a for _, axes in spec_axes(spec) for a in axes]
-        replicated = spec is None or sizes is None or all(sizes.get(a, 1) == 1 for a in used)
+        # without a mesh an axis the spec names is taken to split the leaf
+        replicated = spec is None or (
+            not used if sizes is None else all(sizes.get(a, 1) == 1 for a in used)
+        )
         leaves.append(
             LeafLayout(
                 path=path,

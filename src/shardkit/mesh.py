@@ -77,7 +77,7 @@ def _resolve_shape(
             )
         names, shape = tuple(axes.keys()), tuple(axes.values())
     else:
-        shape = tuple(axes)
+        shape = (axes,) if isinstance(axes, (int, np.integer)) else tuple(axes)
         if axis_names is None:
             raise MeshError(
                 f"make_mesh({shape}) needs axis_names (one name per mesh axis); fix: "
@@ -176,9 +176,10 @@ def make_mesh(
 
     See also: :func:`describe_mesh`, :func:`simulate_cpu_devices`.
     """
-    devs = list(jax.devices() if devices is None else devices)
+    devs = list(jax.devices() if devices is None else np.asarray(devices, dtype=object).flat)
     if not devs:
         raise MeshError("devices is empty; fix: pass at least one device, e.g. jax.devices()[:1].")
+    _check_devices(devs)
     shape, names = _resolve_shape(axes, axis_names, len(devs))
     types = _parse_axis_types(axis_types, len(shape))
     need = math.prod(shape)
@@ -211,6 +212,24 @@ def make_mesh(
         # Let JAX order devices for the physical topology (matters on TPU/GPU).
         return jax.make_mesh(shape, names, axis_types=types)
     return Mesh(np.array(devs).reshape(shape), names, axis_types=types)
+
+
+def _check_devices(devs: list[Any]) -> None:
+    """Raises unless `devs` are distinct JAX devices."""
+    bad = next((d for d in devs if not isinstance(d, jax.Device)), None)
+    if bad is not None:
+        raise MeshError(
+            f"devices holds {bad!r} ({type(bad).__name__}), not a JAX device; fix: pass "
+            "devices from jax.devices(), e.g. devices=jax.devices()[:4]."
+        )
+    if len(set(devs)) != len(devs):
+        ids = [d.id for d in devs]
+        twice = sorted({i for i in ids if ids.count(i) > 1})
+        raise MeshError(
+            f"devices lists device(s) {twice} more than once ({len(devs)} entries, "
+            f"{len(set(devs))} devices); a mesh places each device once; fix: pass distinct "
+            "devices, e.g. jax.devices()[:4]."
+        )
 
 
 def mesh_axis_sizes(mesh: Mesh | Any) -> dict[str, int]:

@@ -155,8 +155,8 @@ class Rules:
 
         out = []
         for entry in spec:
-            if entry is None:
-                out.append(None)
+            if entry is None or entry is PartitionSpec.UNCONSTRAINED:
+                out.append(entry)
                 continue
             names = (entry,) if isinstance(entry, str) else tuple(entry)
             axes = tuple(a for n in names for a in one(n))
