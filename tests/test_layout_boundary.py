@@ -120,3 +120,28 @@ def test_show_and_spec_notation_refuse_what_does_not_exist(mesh):
     with pytest.raises(ShardkitValueError, match="negative"):
         sk.spec_notation(-1, P())
     assert sk.spec_notation(27, P()).endswith("D25, D26]")  # beyond Z: numbered, not repeated
+
+
+def test_a_string_where_a_spec_or_mesh_goes_and_a_pytree_for_sharded_model_are_named(mesh):
+    tree = {"w": jnp.ones((8, 4))}
+    with pytest.raises(ShardingRuleError, match=r"string 'data'; fix: P\('data'\)"):
+        sk.lint(tree, "data", mesh)  # read as a spec of 4 entries before
+    with pytest.raises(ShardingRuleError, match=r"string 'data'; fix: P\('data'\)"):
+        sk.shard(tree, "data", mesh)
+    with pytest.raises(ShardingRuleError, match="mesh is str 'data', not a Mesh"):
+        sk.shard(tree, P("data"), "data")
+    with pytest.raises(TypeError, match=r"spec=P\('data'\)"):
+        sk.show(shape=(8,), mesh=mesh, spec="data", format="text")
+    with pytest.raises(ShardingRuleError, match="returned a dict, not an nnx.Module.*shard"):
+        sk.sharded_model(lambda: {"w": jnp.ones(3)}, sk.Rules(default=P()), mesh)
+    with pytest.raises(ShardingRuleError, match="rules is a dict, not a shardkit.Rules"):
+        sk.sharded_model(lambda: Net(nnx.Rngs(0)), {"w": P()}, mesh)
+
+
+def test_an_abstract_mesh_is_described_and_has_no_table(mesh):
+    assert (
+        sk.describe_mesh(mesh.abstract_mesh)
+        == "Mesh(data=4, model=2; explicit; abstract, no devices)"
+    )
+    with pytest.raises(MeshError, match="no devices to lay out; fix"):
+        sk.mesh_table(mesh.abstract_mesh)

@@ -168,6 +168,14 @@ def layout_of(
                     "show/layout_of: shape= needs sharding= or mesh= (and spec=)."
                 )
             spec = PartitionSpec() if spec is None else spec
+            if not isinstance(spec, PartitionSpec):
+                raise ShardkitTypeError(
+                    f"show/layout_of: spec is {type(spec).__name__} {spec!r}, not a "
+                    f"PartitionSpec; fix: spec=P({spec!r})."
+                    if isinstance(spec, str)
+                    else f"show/layout_of: spec is {type(spec).__name__}, not a PartitionSpec; "
+                    "fix: spec=P('data', None)."
+                )
             leaf = {"array": jax.ShapeDtypeStruct(shape, _parse_dtype(dtype))}
             lint(leaf, spec, mesh).raise_if_errors()
             sharding = NamedSharding(mesh, spec)

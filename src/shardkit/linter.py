@@ -439,6 +439,11 @@ def lint(tree: Any, rules_or_specs: Any, mesh: Any = None, *, top: int = 5) -> L
     See also: :meth:`LintReport.raise_if_errors`, :meth:`shardkit.Rules.specs`.
     """
     _check_not_swapped(tree, rules_or_specs)
+    if isinstance(rules_or_specs, str):  # P("data") was meant: a str would read as 4 entries
+        raise ShardingRuleError(
+            f"rules_or_specs is the string {rules_or_specs!r}; fix: P({rules_or_specs!r}) for "
+            "every leaf, a tree of PartitionSpec, or a shardkit.Rules."
+        )
     sizes = _mesh_sizes(mesh)
     items = leaf_path_items(tree)
     if callable(getattr(rules_or_specs, "match", None)):  # a shardkit.Rules

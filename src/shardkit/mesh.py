@@ -258,6 +258,8 @@ def describe_mesh(mesh: Mesh) -> str:
       'Mesh(data=8; explicit; 8 devices cpu:0-7, 1 process)'
     """
     axes = ", ".join(f"{k}={v}" for k, v in mesh.shape.items())
+    if isinstance(mesh, jax.sharding.AbstractMesh):
+        return f"Mesh({axes}; {_axis_type_name(mesh)}; abstract, no devices)"
     devs = list(mesh.devices.flat)
     procs = len({d.process_index for d in devs})
     return (
@@ -278,6 +280,11 @@ def mesh_table(mesh: Mesh) -> str:
       0            0   1   2   3
       1            4   5   6   7
     """
+    if isinstance(mesh, jax.sharding.AbstractMesh):
+        raise MeshError(
+            f"mesh_table: {describe_mesh(mesh)} has no devices to lay out; fix: pass the "
+            "concrete mesh (shardkit.make_mesh(...)), or describe_mesh for its axes."
+        )
     grid = np.asarray(mesh.devices)
     names = list(mesh.shape.keys())
     rows = grid.reshape(grid.shape[0], -1) if grid.ndim > 1 else grid.reshape(1, -1)

@@ -220,6 +220,16 @@ def shard(tree: Any, shardings: Any, mesh: Any = None) -> Any:
     Example:
       >>> params = shard(params, rules, mesh)
     """
+    if mesh is not None and not hasattr(mesh, "shape"):
+        raise ShardingRuleError(
+            f"shard: mesh is {type(mesh).__name__} {mesh!r}, not a Mesh; fix: "
+            "shard(tree, specs, shardkit.make_mesh({...}))."
+        )
+    if isinstance(shardings, str):
+        raise ShardingRuleError(
+            f"shard: shardings is the string {shardings!r}; fix: P({shardings!r}) for every "
+            "leaf, a tree of PartitionSpec, or a Rules."
+        )
     if isinstance(shardings, Rules):
         if mesh is None:
             raise ShardingRuleError(
@@ -267,8 +277,21 @@ def sharded_model(model_fn: Callable[[], Any], rules: Rules, mesh: Any) -> Any:
     """
     from flax import nnx  # flax's NNX: the rules themselves work on any pytree
 
+    if not isinstance(rules, Rules):
+        raise ShardingRuleError(
+            f"sharded_model: rules is a {type(rules).__name__}, not a shardkit.Rules; fix: "
+            "Rules([(path regex, P(...)), ...], default=P()) (or Rules(default=P()) to "
+            "replicate)."
+        )
     with nnx.use_eager_sharding(False):
-        graphdef, abstract = nnx.split(nnx.eval_shape(model_fn))
+        abstract_model = nnx.eval_shape(model_fn)
+        if not isinstance(abstract_model, nnx.Module):
+            raise ShardingRuleError(
+                f"sharded_model: model_fn returned a {type(abstract_model).__name__}, not an "
+                "nnx.Module; fix: for a pytree of arrays use shard(tree, rules, mesh), or "
+                "return the module, e.g. lambda: MyModel(nnx.Rngs(0))."
+            )
+        graphdef, abstract = nnx.split(abstract_model)
         specs = rules.specs(abstract, mesh)
         shardings = jax.tree.map(
             lambda s: NamedSharding(mesh, s), specs, is_leaf=lambda x: isinstance(x, PartitionSpec)
