@@ -276,3 +276,50 @@ def test_numeric_settings_are_range_checked(flag, value, match, tmp_path, capsys
     bad.write_text(f"{flag[2:].replace('-', '_')} = {value}\n")
     with pytest.raises(ValueError, match=match):
         load(str(bad))
+
+
+@pytest.mark.parametrize(
+    "line, says",
+    [
+        (
+            'overwrite = "false"',
+            r"overwrite = 'false' \(str\) is not true or false; fix: overwrite = false",
+        ),
+        ("steps = true", r"steps = True \(bool\) is not a whole number; fix: steps = 300"),
+        ("steps = 3.5", "steps = 3.5 .float. is not a whole number"),
+        ('lr = "0.1"', r"lr = '0.1' \(str\) is not a number.*no quotes"),
+        ("mesh = { data = 4.0, tensor = 2 }", r"mesh = .* is not a table of whole numbers"),
+        ("model = 5", r"model = 5 is not a table; fix: a \[model\] table"),
+        ("steps = ", r"not valid TOML \(.*line 1, column"),
+    ],
+)
+def test_a_toml_value_of_the_wrong_type_is_refused_naming_the_file_and_key(line, says, tmp_path):
+    """A string "false" was read as true: `overwrite = "false"` deleted the previous run."""
+    path = tmp_path / "c.toml"
+    path.write_text(line + "\n")
+    with pytest.raises(ValueError, match=f"{path}: " + says):
+        load(str(path))
+
+
+def test_a_boolean_the_file_sets_can_be_flipped_by_either_flag(tmp_path):
+    from shardkit.train.command import parse_args
+
+    path = tmp_path / "c.toml"
+    path.write_text("resume = true\nreport = false\nsequence_parallel = true\n")
+    on = parse_args(["--config", str(path), "--resume", "--report"]).settings
+    off = parse_args(["--config", str(path), "--no-resume", "--no-sequence-parallel"]).settings
+    assert (on.resume, on.report, on.sequence_parallel) == (True, True, True)
+    assert (off.resume, off.report, off.sequence_parallel) == (False, False, False)
+
+
+def test_resuming_a_finished_run_trains_nothing_and_rewrites_nothing(tmp_path, capsys):
+    out = tmp_path / "run"
+    args = ["train", "--steps", "2", "--save-every", "2", "--out", str(out), "--quiet"]
+    assert main(args) == 0
+    written = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    assert {"summary.json", "metrics.json", "report.html"} <= set(written)
+    capsys.readouterr()
+    assert main([*args, "--resume"]) == 0
+    said = capsys.readouterr().out
+    assert "is at step 2, and --steps is 2: nothing to train" in " ".join(said.split())
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == written

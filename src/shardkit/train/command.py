@@ -80,7 +80,7 @@ def _tyro_cli(argv: list[str], prog: str, default: TrainCommand) -> TrainCommand
     try:
         with contextlib.redirect_stderr(captured):
             return tyro.cli(TrainCommand, args=argv, prog=prog, description=DESCRIPTION,
-                            default=default, config=(tyro.conf.FlagCreatePairsOff,))  # fmt: skip
+                            default=default)  # fmt: skip
     except SystemExit as e:
         if not e.code:  # --help, completion scripts: printed on stdout
             raise

@@ -249,8 +249,18 @@ def load(path: str | None = None, overrides: Mapping[str, Any] | None = None) ->
             raise IsADirectoryError(
                 f"config file {path!r} is a folder; fix: pass the TOML file inside it."
             )
-        raw = tomllib.loads(p.read_text())
+        try:
+            raw = tomllib.loads(p.read_text())
+        except tomllib.TOMLDecodeError as e:
+            raise ShardkitValueError(
+                f"{path}: not valid TOML ({e}); fix: the line and column named."
+            ) from None
         model = raw.pop("model", {})
+        if not isinstance(model, Mapping):
+            raise ShardkitValueError(
+                f"{path}: model = {model!r} is not a table; fix: a [model] table, e.g. "
+                "[model] then d_model = 64 on the next line."
+            )
         for key, value in model.items():
             if key not in _MODEL_KEYS:
                 raise ShardkitValueError(
@@ -267,4 +277,67 @@ def load(path: str | None = None, overrides: Mapping[str, Any] | None = None) ->
             + (f" in {path}" if path else "")
             + f"; fix: use keys from {', '.join(sorted(fields))}."
         )
+    for key, value in values.items():
+        _check_type(key, value, path)
     return TrainConfig(**values)
+
+
+def _fits(hint: Any, value: Any) -> bool:
+    """Whether `value` (from TOML or Python) has the type annotated `hint`: no bool for a
+    number, no string for a bool or number, whole numbers for ints."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is Annotated:
+        return _fits(args[0], value)
+    if origin is Literal:  # which value: `__post_init__` checks the choices
+        return any(type(value) is type(a) for a in args)
+    if args and origin not in (Mapping, dict):  # a union such as `int | None`
+        return any(_fits(a, value) for a in args)
+    if hint is type(None):
+        return value is None
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is str:
+        return isinstance(value, str)
+    if origin in (Mapping, dict):  # mesh: axis name -> whole device count
+        return isinstance(value, Mapping) and all(
+            isinstance(k, str) and _fits(int, v) for k, v in value.items()
+        )
+    return True
+
+
+_WORDS = {bool: "true or false", int: "a whole number", float: "a number", str: "a string"}
+_EXAMPLES = {bool: "true", int: "8", float: "0.001", str: '"..."'}
+
+
+def _describe(hint: Any) -> tuple[str, str]:
+    """What `hint` asks for in words, and a TOML value of it."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is Annotated:
+        return _describe(args[0])
+    if origin is Literal:
+        return "one of " + ", ".join(map(str, args)), f'"{args[0]}"'
+    if origin in (Mapping, dict):
+        return "a table of whole numbers", "{ data = 4, tensor = 2 }"
+    if args:  # `X | None`: the setting may be left out
+        word, example = _describe(next(a for a in args if a is not type(None)))
+        return f"{word} (or left out)", example
+    return _WORDS.get(hint, str(hint)), _EXAMPLES.get(hint, "...")
+
+
+def _check_type(key: str, value: Any, path: str | None) -> None:
+    hint = typing.get_type_hints(TrainConfig, include_extras=True)[key]
+    if _fits(hint, value):
+        return
+    default = TrainConfig.__dataclass_fields__[key].default
+    word, example = _describe(hint)
+    if isinstance(default, bool | int | float) and not isinstance(value, Mapping):
+        example = str(default).lower() if isinstance(default, bool) else repr(default)
+    quoted = " (no quotes around numbers and true / false)" * isinstance(value, str)
+    raise ShardkitValueError(
+        f"{path + ': ' if path else ''}{key} = {value!r} ({type(value).__name__}) is not "
+        f"{word}; fix: {key} = {example}{quoted}."
+    )

@@ -83,6 +83,15 @@ def claim_output(cfg: TrainConfig) -> tuple[TrainConfig, str | None]:
     )
 
 
+def already_done(cfg: TrainConfig, step: int) -> str:
+    """The line for a run resumed at or past its last step: nothing is left to train."""
+    return (
+        f"the checkpoint in {cfg.checkpoints} is at step {step}, and --steps is {cfg.steps}: "
+        "nothing to train; the run's summary, metrics and report are left as they are "
+        f"(to train further: --resume --steps {max(step, cfg.steps) + 100})"
+    )
+
+
 def nothing_to_resume(ckpt: Checkpointer) -> str:
     """For --resume with no checkpoint in the folder: the line to print, as a first run of a
     job that always passes --resume starts at step 0. If earlier checkpoints were moved aside

@@ -23,12 +23,10 @@ from flax import nnx
 from jax.experimental import multihost_utils
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 
-from shardkit.common import format_bytes, path_str
+from shardkit.common import format_bytes
 from shardkit.compat import version_line
 from shardkit.errors import ShardkitValueError
-from shardkit.layout import spec_notation
 from shardkit.mesh import describe_mesh
 from shardkit.models import GPT, GPTConfig, lm_loss
 from shardkit.plan import Transformer
@@ -45,6 +43,7 @@ from shardkit.train.data import ReverseTask, TokenFile
 from shardkit.train.guard import (
     MetricsLog,
     StopSignals,
+    already_done,
     claim_output,
     diverged,
     interrupted,
@@ -55,6 +54,7 @@ from shardkit.train.metrics import History, Progress, host_matmul_flops
 from shardkit.train.pipeline_view import pipeline_rows
 from shardkit.train.report import write_report
 from shardkit.train.step_audit import audit_step, predicted_vs_measured
+from shardkit.train.tables import layout_rows, print_table
 from shardkit.train.tensorboard import ProfileWindow, ScalarWriter
 from shardkit.train.trainer import Trainer
 
@@ -195,44 +195,6 @@ def build_trainer(cfg: TrainConfig, devices=None, *, planned=None):
     return trainer, data, model_cfg
 
 
-def layout_rows(trainer) -> list[dict[str, Any]]:
-    """One row per parameter: path, shape, logical names, layout, bytes per device."""
-
-    sizes = trainer.bound.axis_sizes
-    flat = jax.tree_util.tree_flatten_with_path(trainer.abstract_params)[0]
-    specs = jax.tree.leaves(trainer.param_specs, is_leaf=lambda x: isinstance(x, tuple))
-    names = (
-        jax.tree.structure(trainer.abstract_params).flatten_up_to(trainer.logical)
-        if trainer.logical is not None
-        else [None] * len(flat)
-    )
-    rows = []
-    for (path, leaf), spec, logical in zip(flat, specs, names, strict=True):
-        split = math.prod(
-            sizes[a] for e in spec if e for a in (e if isinstance(e, tuple) else (e,))
-        )
-        rows.append(
-            {
-                "parameter": path_str(path),
-                "shape": "x".join(map(str, leaf.shape)),
-                "logical": ",".join(str(n) for n in logical) if logical else "-",
-                "layout": spec_notation(leaf.shape, spec, name=""),
-                "bytes/device": format_bytes(math.prod(leaf.shape) * leaf.dtype.itemsize // split),
-            }
-        )
-    return rows
-
-
-def _print_table(console, rows, title):
-
-    table = Table(title=title, title_justify="left", show_lines=False)
-    for col in rows[0]:
-        table.add_column(col, justify="right" if "bytes" in col else "left")
-    for r in rows:
-        table.add_row(*(str(v) for v in r.values()))
-    console.print(table)
-
-
 @dataclasses.dataclass
 class _Run:
     """What the phases of one `shardkit train` share, built once by `_set_up`."""
@@ -309,7 +271,7 @@ def _show_set_up(run: _Run) -> None:
     for key, value in (run.pipe_rows or {}).items():
         say(f"[bold]pipeline[/] {key}: {value}")
     if not run.quiet:
-        _print_table(run.console, run.layout, "parameter layouts")
+        print_table(run.console, run.layout, "parameter layouts")
         say(escape(run.lint_report.summary()))
         for note in run.lint_report.notes:
             say("[bold]note[/]     " + escape(note))
@@ -532,12 +494,30 @@ def train(cfg: TrainConfig, *, console: Any = None, quiet: bool = False) -> RunR
             run.say(f"[bold]lock[/]     took over the stale lock of {lock.stale}")
         _show_set_up(run)
         ckpt, meta, state = _start(run)
+        if int(jax.device_get(state.step)) >= cfg.steps:  # a finished run, resumed again
+            return _finished_already(run, ckpt, state)
         state, history, compiled, compile_s = _loop(run, ckpt, meta, state)
         return _finish(run, ckpt, state, history, compiled, compile_s)
     finally:
         if ckpt is not None:
             _close_quietly(ckpt)
         lock.release()
+
+
+def _finished_already(run: _Run, ckpt: Checkpointer, state: Any) -> RunResult:
+    """A run resumed at or past ``--steps`` (a requeued job that had finished): nothing is
+    trained and nothing it wrote (summary, metrics, report) is rewritten."""
+    step, out = int(jax.device_get(state.step)), pathlib.Path(run.cfg.out)
+    run.console.print(f"[bold]done[/]     {escape(already_done(run.cfg, step))}")
+    summary = out / "summary.json"
+    report = out / "report.html"
+    return RunResult(
+        steps=step, final_loss=math.nan, eval_accuracy=math.nan, eval_loss=math.nan,
+        tokens_per_s=0.0, report=report if report.is_file() else None,
+        checkpoint_dir=ckpt.directory, collective_problems=[], strategy=run.trainer.strategy,
+        mesh_axes=dict(run.trainer.bound.axis_sizes), params=state.params,
+        summary=json.loads(summary.read_text()) if summary.is_file() else {},
+    )  # fmt: skip
 
 
 def _close_quietly(ckpt: Checkpointer) -> None:
@@ -554,7 +534,7 @@ def _finish(run, ckpt, state, history, compiled, compile_s) -> RunResult:
 
     coll_rows, problems, memory, audit, explained = audit_step(run.trainer, compiled)
     if not run.quiet:
-        _print_table(run.console, coll_rows, "audit: collectives of the compiled step")
+        print_table(run.console, coll_rows, "audit: collectives of the compiled step")
         run.say(
             "[green]collectives match the strategy[/]"
             if not problems
@@ -562,7 +542,7 @@ def _finish(run, ckpt, state, history, compiled, compile_s) -> RunResult:
         )
         for line in explained:
             run.say("[bold]audit[/]    " + escape(line))
-        _print_table(run.console, memory, "audit: memory per device (compiled step)")
+        print_table(run.console, memory, "audit: memory per device (compiled step)")
 
     summary, tok_s = _summary(run, history, eval_acc, eval_loss, compile_s, ckpt)
     for key in ("step time", "MFU vs predicted"):
