@@ -49,7 +49,25 @@ def test_devices(capsys):
         (["show", "--mesh", "data=8", "--shape", "0"], "positive integers"),
         (["show", "--mesh", "data=8", "--shape", "6", "--spec", "data"], "dim 0 has size 6"),
         (["show", "--mesh", "data=8", "--shape", "8", "--spec", "model"], "'model' is not in"),
-        (["show", "--mesh", "data=3", "--shape", "9", "--spec", "data"], "needs 3 devices"),
+        (["show", "--mesh", "data=16", "--shape", "16", "--spec", "data"], "needs 16 devices"),
+        (
+            ["show", "--mesh", "data=2,data=8", "--shape", "16", "--spec", "data"],
+            "mesh axis 'data' is given twice; fix",
+        ),  # fmt: skip
+        (
+            [
+                "show",
+                "--mesh",
+                "data=4,model=2",
+                "--shape",
+                "16,16",
+                "--spec",
+                "data,model",
+                "--dims",
+                "5,6",
+            ],
+            "dims=(5, 6): dim 5 is out of range for a rank-2 array; fix",
+        ),  # fmt: skip
         (["show", "--spec", "data"], "need --shape"),
     ],
 )
@@ -225,3 +243,26 @@ def test_show_json_gives_each_devices_block():
     tour = json.loads(buf.getvalue())
     assert len(tour) == 5 and tour[1]["spec"] == ["data", "model"]
     assert tour[0]["spec"] == [["data", "model"]]  # one dim over two mesh axes
+
+
+def test_show_takes_a_mesh_smaller_than_the_devices(capsys):
+    """--mesh data=2,model=2 on 8 devices asked for a Python-only fix (devices=...[:4])."""
+    argv = ["show", "--mesh", "data=2,model=2", "--shape", "4,4", "--spec", "data,model"]
+    assert main([*argv, "--format", "text"]) == 0
+    out = capsys.readouterr().out
+    assert "mesh data=2, model=2" in out and "cpu 3" in out and "cpu 4" not in out
+
+
+def test_an_error_of_any_kind_is_one_line_and_the_interrupt_says_so(tmp_path, monkeypatch, capsys):
+    target = tmp_path / "f.py"
+    target.write_text("def g(x):\n    return {}['a']\n")
+    assert main(["inspect", f"{target}:g", "--mesh", "x=8", "--args", "f32[8,8]@x"]) == 1
+    err = capsys.readouterr().err
+    assert err.strip() == "shardkit inspect: error: KeyError: 'a' (--debug: traceback)"
+
+    def stopped(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("shardkit.cli._cmd_devices", stopped)
+    assert main(["devices"]) == 130
+    assert capsys.readouterr().err.strip() == "shardkit devices: interrupted"  # was empty

@@ -172,3 +172,27 @@ def test_gloo_connection_chatter_is_hidden_unless_verbose(tmp_path):
     assert "[Gloo]" not in quiet.getvalue() and "] 3\n" not in quiet.getvalue()
     assert quiet.getvalue().count("step 1 loss 0.5") == 2
     assert loud.getvalue().count("[Gloo]") == 2
+
+
+def test_the_launcher_hides_gloos_chatter_but_never_a_programs_own_numbers():
+    """A line holding only a number was taken for a piece of gloo's message and dropped."""
+    import io
+    import threading
+
+    from shardkit.distributed.launch import _pump
+
+    lines = [
+        "42\n",
+        "[Gloo] Rank [Gloo] Rank 1 is connected to 1 peer ranks. Expected number of connected\n",
+        "1\n",
+        " peer ranks is : 1\n",
+        "\n",
+        "answer 42\n",
+        "7\n",
+    ]
+    out, last = io.StringIO(), {}
+    _pump(0, io.StringIO("".join(lines)), out, threading.Lock(), last)
+    assert out.getvalue() == "[rank 0] 42\n[rank 0] answer 42\n[rank 0] 7\n"
+    verbose = io.StringIO()
+    _pump(0, io.StringIO("".join(lines)), verbose, threading.Lock(), {}, verbose=True)
+    assert verbose.getvalue().count("[rank 0]") == len(lines)

@@ -115,7 +115,10 @@ def _cmd_show(args: argparse.Namespace) -> int:
     from jax.sharding import PartitionSpec
 
     from shardkit.layout import show  # lazy: the CLI starts JAX only when a command runs
-    from shardkit.mesh import make_mesh  # lazy: the CLI starts JAX only when a command runs
+    from shardkit.mesh import (  # lazy: the CLI starts JAX only when a command runs
+        first_devices,
+        make_mesh,
+    )
 
     fmt = args.format
     if args.shape is None:
@@ -138,7 +141,8 @@ def _cmd_show(args: argparse.Namespace) -> int:
             print(json.dumps(parts, indent=1))
         return 0
     shape = parse_shape_arg(args.shape)
-    mesh = make_mesh(parse_mesh_arg(args.mesh or "data=-1"), axis_types=args.axis_types)
+    sizes = parse_mesh_arg(args.mesh or "data=-1")
+    mesh = make_mesh(sizes, axis_types=args.axis_types, devices=first_devices(sizes))
     spec = parse_spec_arg(args.spec or "")
     if args.json:
         print(json.dumps(_layout_json(shape, mesh, spec), indent=1))
@@ -270,13 +274,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt as e:  # a run stopped by SIGINT/SIGTERM after saving (or Ctrl-C)
         if args.debug:
             raise
-        print(f"shardkit {args.command}: {e or 'interrupted'}", file=sys.stderr)
+        print(f"shardkit {args.command}: {str(e) or 'interrupted'}", file=sys.stderr)
         return getattr(e, "exit_code", 130)
     except (ShardkitError, ValueError, TypeError, RuntimeError, OSError, SyntaxError) as e:
         if args.debug:
             raise
         print(f"shardkit {args.command}: error: {_one_line(e)}", file=sys.stderr)
         return getattr(e, "exit_code", 2)
+    except Exception as e:  # noqa: BLE001 - any other error (JAX's, a user function's): one line
+        if args.debug:
+            raise
+        text = " ".join(str(e).split())[:400]
+        fix = ""
+        if type(e).__name__ == "ShardingTypeError" and args.command == "inspect":
+            fix = "; fix: --axis-types auto lets the compiler place such results"
+        print(
+            f"shardkit {args.command}: error: {type(e).__name__}: {text}{fix} (--debug: traceback)",
+            file=sys.stderr,
+        )
+        return 1
 
 
 _OS_FIXES = {

@@ -66,6 +66,11 @@ def parse_mesh_arg(text: str) -> dict[str, int]:
         name, eq, size = part.partition("=")
         if not eq or not name:
             raise CLIError(f"--mesh {text!r}: write mesh axes as name=size, e.g. data=4,model=2.")
+        if name.strip() in out:
+            raise CLIError(
+                f"--mesh {text!r}: mesh axis {name.strip()!r} is given twice; fix: name each "
+                "axis once, e.g. --mesh data=4,model=2."
+            )
         try:
             out[name.strip()] = int(size)
         except ValueError:

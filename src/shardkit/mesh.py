@@ -232,6 +232,17 @@ def _check_devices(devs: list[Any]) -> None:
         )
 
 
+def first_devices(sizes: Mapping[str, int]) -> list[Any] | None:
+    """The devices a mesh of `sizes` from the command line is built over: the first N when it
+    needs fewer than exist (`--mesh data=2,model=2` on 8 simulated devices), else None (all;
+    `make_mesh` then says what does not fit)."""
+    if any(int(v) < 1 for v in sizes.values()):  # a -1 size takes what remains
+        return None
+    need = math.prod(int(v) for v in sizes.values())
+    devs = jax.devices()
+    return devs[:need] if need < len(devs) else None
+
+
 def mesh_axis_sizes(mesh: Mesh | Any) -> dict[str, int]:
     """Returns ``{mesh axis name: size}`` for a Mesh or AbstractMesh."""
     return dict(mesh.shape)

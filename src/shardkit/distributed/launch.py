@@ -90,17 +90,31 @@ _PEER_LOST = re.compile(
 _ERROR_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)\b(:|$)")
 
 
-# gloo's connection chatter (one line per rank at start-up, its tail sometimes interleaved with
-# another rank's output as a bare number): hidden unless --verbose
-_CHATTER = re.compile(r"^\[Gloo\] Rank \d+ is connected to \d+ peer ranks|^\s*\d+\s*$")
+# gloo's connection chatter (one line per peer at start-up, written by several threads so two
+# may share a line, and a line's tail, a bare count, may land on the next): hidden unless
+# --verbose. A piece without the tag is dropped only right after a tagged line: a program's own
+# bare numbers stay.
+_CHATTER = re.compile(r"\[Gloo\]")
+_GLOO_WORDS = frozenset(  # of "[Gloo] Rank 3 is connected to 3 peer ranks. Expected ... : 3"
+    {"Rank", "is", "connected", "to", "peer", "ranks.", "Expected", "number", "of", "ranks", ":"}
+)
+
+
+def _gloo_tail(line: str) -> bool:
+    """A piece of gloo's message cut off from its tag: blank, a count, or only its words."""
+    words = re.sub(r"\d+", " ", line).split()
+    return all(w in _GLOO_WORDS for w in words)
 
 
 def _pump(
     rank: int, stream, out: TextIO, lock: threading.Lock, last: dict, verbose: bool = False
 ) -> None:
+    chatter = False  # the previous line was gloo's
     for line in iter(stream.readline, ""):
-        if not verbose and _CHATTER.search(line):
+        if not verbose and (_CHATTER.search(line) or (chatter and _gloo_tail(line))):
+            chatter = True
             continue
+        chatter = False
         end = "" if line.endswith("\n") else "\n"  # a last line without a newline
         with lock:
             out.write(f"[rank {rank}] {line}{end}")
