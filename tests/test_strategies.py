@@ -1,12 +1,14 @@
 """Strategies: mesh axes, specs from logical names and patterns, expected collectives, errors."""
 
+import os
+
 import jax
 import pytest
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
 from shardkit.models import GPT, GPTConfig, logical_axes
-from shardkit.plan import DoesNotFitError, Transformer, evaluate, get_hardware, plan
+from shardkit.plan import DoesNotFitError, Transformer, evaluate, plan
 from shardkit.strategies import (
     FSDP,
     Auto,
@@ -137,8 +139,11 @@ def test_auto_is_the_planner(gpt):
     params, logical = gpt
     s, why = Auto().choose(params, n_devices=8, logical=logical, workload=CFG, batch=16)
     w = Transformer.from_gpt_config(CFG, batch=16, precision="fp32")
-    planned = plan(w, devices=8, hardware="cpu")
+    planned = plan(w, devices=8, hardware=Auto().profile())
     assert s == planned.runnable_best().strategy() and why == planned.why()
+    # the 8 simulated devices share the host's memory: each gets an eighth of it
+    host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    assert Auto().profile().hbm_bytes == pytest.approx(host / 8, rel=1e-6)
     # any pytree: a Dense model of its parameters; less memory moves it to ZeRO-3
     s, why = Auto().choose(params, n_devices=8)
     assert s.fsdp == 8 and s.zero == 1 and "ZeRO-1" in why
@@ -152,7 +157,7 @@ def test_auto_is_the_planner(gpt):
     with pytest.raises(ValueError, match=r"memory_per_device=0.*fix"):
         Auto(memory_per_device=0)
     with pytest.warns(DeprecationWarning, match="memory_per_device"):
-        assert Auto(fraction=0.5).profile().hbm_bytes == get_hardware("cpu").hbm_bytes // 2
+        assert Auto(fraction=0.5).profile().hbm_bytes == Auto().profile().hbm_bytes // 2
 
 
 def test_from_name():

@@ -281,3 +281,22 @@ def test_the_run_lock_appears_with_its_owner_already_written(tmp_path, monkeypat
         assert json.loads(lock.path.read_text())["pid"] == os.getpid()
         assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoints.lock"]  # no leftovers
     assert not lock.path.exists()
+
+
+def test_a_step_too_big_for_the_hosts_memory_is_refused_before_it_runs(monkeypatch):
+    """8 simulated devices share one host: a step whose temporaries exceed what the host has
+    available was killed by the kernel at its first step, with no message."""
+    import jax
+    import jax.numpy as jnp
+
+    from shardkit.train import guard
+
+    compiled = jax.jit(lambda x: jnp.outer(x, x)).lower(jnp.ones(4096)).compile()
+    mem = compiled.memory_analysis()
+    temp = mem.temp_size_in_bytes + mem.output_size_in_bytes  # what the step allocates
+    assert temp >= 4096 * 4096 * 4
+    monkeypatch.setattr(guard, "_available_bytes", lambda: 8 * temp - 1)
+    with pytest.raises(ValueError, match=r"for the 8 simulated devices that share this host.*fix"):
+        guard.refuse_host_overflow(compiled)
+    monkeypatch.setattr(guard, "_available_bytes", lambda: 16 * temp)
+    guard.refuse_host_overflow(compiled)  # fits: nothing to say

@@ -141,7 +141,7 @@ def test_auto_is_the_planners_choice_and_the_clis():
     trainer = Trainer(lambda k: GPT(model_cfg, rngs=nnx.Rngs(k)), optax.adam(1e-2), lm_loss,
                       strategy=Auto(), batch_size=BATCH)  # fmt: skip
     planned = plan(Transformer.from_gpt_config(model_cfg, batch=BATCH, precision="float32"),
-                   devices=8, hardware="cpu")  # fmt: skip
+                   devices=8, hardware=Auto().profile())  # fmt: skip
     assert trainer.strategy == cli_trainer.strategy == planned.runnable_best().strategy()
     assert trainer.strategy_reason == cli_trainer.strategy_reason == planned.why()
     assert "predicted fastest" in trainer.strategy_reason

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import warnings
 from collections.abc import Sequence
 from typing import Any
@@ -75,6 +76,8 @@ class Auto:
             name = hardware_for(list(jax.devices() if devices is None else devices))
         hw = get_hardware(name)
         memory = self.memory_per_device
+        if memory is None and name == "cpu":  # simulated devices share the host's memory
+            memory = _host_bytes() / jax.local_device_count() or None
         if self.fraction is not None:
             memory = (memory or hw.hbm_bytes) * self.fraction
         return hw if memory is None else hw.replace(hbm_bytes=int(memory))
@@ -138,6 +141,14 @@ class Auto:
         w = _workload(params, workload, batch, precision)
         planned = plan(w, devices=n_devices, hardware=self.profile(devices))
         return planned.runnable_best().strategy(), planned.why()
+
+
+def _host_bytes() -> int:
+    """The host's physical memory in bytes (0 where the OS does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 0
 
 
 def _workload(params: Any, workload: Any, batch: int, precision: str) -> Transformer | Dense:

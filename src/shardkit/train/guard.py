@@ -21,6 +21,7 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
+from shardkit.common import format_bytes
 from shardkit.errors import ShardkitError, ShardkitValueError
 from shardkit.train.checkpoint import (
     Checkpointer,
@@ -80,6 +81,38 @@ def claim_output(cfg: TrainConfig) -> tuple[TrainConfig, str | None]:
         f"{sorted(p.name for p in checkpoint_entries(folder))[:5]}); fix: --resume to continue "
         "that run, "
         "--overwrite to replace it, or another --out / --checkpoint-dir."
+    )
+
+
+def _available_bytes() -> int | None:
+    """The host memory the kernel says is available (`MemAvailable`), None where unknown."""
+    try:
+        for line in pathlib.Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def refuse_host_overflow(compiled: Any) -> None:
+    """Refuses, on CPU, a compiled step whose temporaries on all the simulated devices (which
+    share the host's memory) exceed what the host has available: the kernel would otherwise
+    kill the run at its first step without a word."""
+    mem = compiled.memory_analysis() if jax.default_backend() == "cpu" else None
+    available = _available_bytes()
+    if mem is None or available is None:
+        return
+    n = jax.local_device_count()
+    alias = getattr(mem, "alias_size_in_bytes", 0)
+    need = n * (mem.temp_size_in_bytes + mem.output_size_in_bytes - alias)
+    if need <= available:
+        return
+    raise ShardkitValueError(
+        f"the compiled training step needs {format_bytes(need / n)} of temporaries per device, "
+        f"{format_bytes(need)} for the {n} simulated devices that share this host, which has "
+        f"{format_bytes(available)} available: the kernel would kill the run; fix: a smaller "
+        "--batch or sequence (--length / --seq-len), --remat block, or fewer --devices."
     )
 
 

@@ -48,6 +48,7 @@ from shardkit.train.guard import (
     diverged,
     interrupted,
     nothing_to_resume,
+    refuse_host_overflow,
 )
 from shardkit.train.lock import RunLock
 from shardkit.train.metrics import History, Progress, host_matmul_flops
@@ -321,6 +322,7 @@ def _loop(run: _Run, ckpt: Checkpointer, meta: dict, state: Any):
     t0 = time.perf_counter()
     first = trainer.load_batch(run.data, start, batch_size=cfg.batch)
     compiled = trainer.compile_step(first)
+    refuse_host_overflow(compiled)  # simulated devices share the host's memory
     compile_s = time.perf_counter() - t0
     run.say(f"[bold]compiled[/] training step in {compile_s:.1f} s")
 
