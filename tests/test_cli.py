@@ -69,6 +69,7 @@ def test_devices(capsys):
             "dims=(5, 6): dim 5 is out of range for a rank-2 array; fix",
         ),  # fmt: skip
         (["show", "--spec", "data"], "need --shape"),
+        (["show", "--simulate", "100000"], "100000 devices is more than 4096"),
     ],
 )
 def test_bad_arguments(capsys, argv, match):

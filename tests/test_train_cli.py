@@ -323,3 +323,18 @@ def test_resuming_a_finished_run_trains_nothing_and_rewrites_nothing(tmp_path, c
     said = capsys.readouterr().out
     assert "is at step 2, and --steps is 2: nothing to train" in " ".join(said.split())
     assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == written
+
+
+def test_a_profile_window_past_the_last_step_and_empty_token_files_are_refused(tmp_path):
+    with pytest.raises(ValueError, match=r"profile='10:20' starts at or after the last step.*fix"):
+        TrainConfig(steps=4, profile="10:20")  # traced nothing, without a word
+    import numpy as np
+
+    from shardkit.train.data import TokenFile
+
+    np.save(tmp_path / "empty.npy", np.zeros(0, np.int32))
+    (tmp_path / "empty.txt").write_bytes(b"")
+    with pytest.raises(ValueError, match=r"holds no tokens \(shape \(0,\)\); fix"):
+        TokenFile(path=str(tmp_path / "empty.npy"), seq_len=8)
+    with pytest.raises(ValueError, match="is empty; fix"):
+        TokenFile(path=str(tmp_path / "empty.txt"), seq_len=8)

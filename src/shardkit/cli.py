@@ -301,7 +301,8 @@ _OS_FIXES = {
     errno.EROFS: "choose a writable --out / --checkpoint-dir",
     errno.EACCES: "choose a writable --out / --checkpoint-dir, or fix its permissions",
     errno.EPERM: "choose a writable --out / --checkpoint-dir, or fix its permissions",
-    errno.ENOTDIR: "a part of the path is a file; choose another --out / --checkpoint-dir",
+    errno.ENOTDIR: "a part of the path is a file; choose another --out / --checkpoint-dir / "
+    "--tensorboard",
     errno.ENOENT: "check the path",
 }
 

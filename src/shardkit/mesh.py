@@ -38,6 +38,9 @@ __all__ = [
 AxisTypesArg = Literal["explicit", "auto"] | AxisType | Sequence[AxisType | str]
 
 
+MAX_SIMULATED = 4096  # simulated CPU devices one process can hold (100,000 hung JAX's start)
+
+
 class MeshError(ShardkitError, ValueError):
     """A mesh cannot be built as asked (bad axis sizes or names, too few devices)."""
 
@@ -344,6 +347,12 @@ def simulate_cpu_devices(n: int) -> None:
     """
     if not isinstance(n, int) or n < 1:
         raise ShardkitValueError(f"simulate_cpu_devices: n must be an integer >= 1, got {n!r}.")
+    if n > MAX_SIMULATED:  # each is a thread and buffers in this process: JAX hangs starting
+        raise ShardkitValueError(
+            f"simulate_cpu_devices: {n} devices is more than {MAX_SIMULATED}, which one process "
+            "can hold; fix: simulate fewer, or plan larger meshes without devices "
+            "(shardkit plan --devices N, jax.sharding.AbstractMesh)."
+        )
     if n > 1:  # 2^4 cycles, OpenBLAS's least: idle BLAS workers sleep instead of spinning
         os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
     if backend_started():

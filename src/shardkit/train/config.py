@@ -199,8 +199,12 @@ class TrainConfig:
             raise ShardkitValueError(
                 "--resume continues the checkpoints that --overwrite would delete; fix: pass one."
             )
-        if self.profile is not None:
-            parse_window(self.profile)
+        if self.profile is not None and parse_window(self.profile)[0] >= self.steps:
+            raise ShardkitValueError(
+                f"profile={self.profile!r} starts at or after the last step (--steps "
+                f"{self.steps}), so nothing would be traced; fix: --profile "
+                f"{max(0, self.steps - 2)}:{self.steps}."
+            )
 
     @property
     def checkpoints(self) -> str:

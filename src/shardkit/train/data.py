@@ -132,8 +132,19 @@ class TokenFile:
         path = pathlib.Path(self.path)
         if not path.exists():
             raise FileNotFoundError(f"token file {self.path!r} not found; fix: pass a real path.")
+        if path.is_file() and path.stat().st_size == 0:
+            raise ShardkitValueError(
+                f"token file {self.path!r} is empty; fix: a file of token ids (.npy) or raw "
+                "bytes (any other suffix)."
+            )
         if path.suffix == ".npy":
-            return np.load(path, mmap_mode="r")
+            tokens = np.load(path, mmap_mode="r")
+            if tokens.size == 0:
+                raise ShardkitValueError(
+                    f"token file {self.path!r} holds no tokens (shape {tokens.shape}); fix: save "
+                    "a 1-D array of token ids, np.save(path, ids)."
+                )
+            return tokens
         return np.memmap(path, dtype=np.uint8, mode="r")
 
     @property
