@@ -55,6 +55,14 @@ def context_mesh() -> Any:
     return mesh.get_concrete_mesh()
 
 
+def jit_params(traced: Any) -> dict:
+    """The parameters `jax.jit` traced a call with (its `in_shardings`, `out_shardings`...),
+    {} where JAX keeps none. No public API states them up to JAX 0.12: `Traced._params`
+    (0.10.2 to 0.12)."""
+    params = getattr(traced, "_params", None)
+    return params if isinstance(params, dict) else {}
+
+
 def distributed_client() -> Any | None:
     """The coordination service's key-value client of a multi-process run, or None when alone.
 

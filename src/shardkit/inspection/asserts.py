@@ -7,18 +7,24 @@ nothing", "the pencil FFT does exactly two all-to-alls", "no collective moves mo
 message lists each offending collective with its bytes and source line.
 
 Example:
+    >>> mesh = jax.make_mesh((4, 2), ("x", "y"))
     >>> def test_fft_does_not_gather():
-    ...     x = jax.ShapeDtypeStruct((64, 64, 64), jnp.complex64, sharding=...)
+    ...     x = jax.ShapeDtypeStruct((64, 64, 64), jnp.complex64,
+    ...                              sharding=NamedSharding(mesh, P("x", "y")))
     ...     shardkit.assert_collectives(shardkit.fft.pfft3d, x, forbid=["all-gather"],
     ...                                 expect={"all-to-all": 2})
+    >>> test_fft_does_not_gather()    # pytest would collect and run it
 """
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from shardkit.errors import ShardkitError, ShardkitValueError
+import numpy as np
+
+from shardkit.errors import ShardkitError, ShardkitTypeError, ShardkitValueError
 from shardkit.inspection.audit import inspect
 from shardkit.inspection.hlo import COLLECTIVE_KINDS
 from shardkit.inspection.report import Report
@@ -47,10 +53,44 @@ def _check_kinds(kinds: Iterable[str], arg: str) -> None:
             )
 
 
+def _is_int(v: Any) -> bool:
+    """An int or numpy integer, not a bool (`True` is no count)."""
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool | np.bool_)
+
+
+def _check_expect(expect: Mapping[str, int] | None) -> dict[str, int]:
+    """`expect` as a dict of known kinds to counts >= 0 (ints or numpy integers)."""
+    expect = dict(expect or {})
+    _check_kinds(expect, "expect")
+    for k, v in expect.items():
+        if not _is_int(v) or v < 0:
+            raise ShardkitValueError(
+                f"assert_collectives(expect={{{k!r}: {v!r}}}): a count must be an int >= 0, got "
+                f'{type(v).__name__} {v!r}; fix: expect={{"{k}": 2}}.'
+            )
+    return {k: int(v) for k, v in expect.items()}
+
+
+def _check_bytes(v: Any, arg: str) -> None:
+    """A byte bound is None or a real number >= 0 (not a bool, not a string like '1MiB')."""
+    if v is None:
+        return
+    if not isinstance(v, numbers.Real) or isinstance(v, bool | np.bool_):
+        raise ShardkitTypeError(
+            f"assert_collectives({arg}={v!r}): a byte bound must be a number of bytes, got "
+            f"{type(v).__name__}; fix: {arg}=2**20 for 1 MiB."
+        )
+    if v < 0:
+        raise ShardkitValueError(
+            f"assert_collectives({arg}={v!r}): a byte bound must be >= 0; fix: {arg}=0 to "
+            f"allow no bytes, or {arg}=2**20 for 1 MiB."
+        )
+
+
 def assert_collectives(
     fn: Any,
     *args: Any,
-    forbid: Iterable[str] = (),
+    forbid: Iterable[str] | None = (),
     expect: Mapping[str, int] | None = None,
     max_bytes: float | None = None,
     max_total_bytes: float | None = None,
@@ -65,10 +105,13 @@ def assert_collectives(
     Args:
         fn: a function, a jitted function, or a `Lowered`/`Compiled` object.
         *args: arrays or `jax.ShapeDtypeStruct`s (with shardings) to compile for.
-        forbid: collective kinds that must not appear at all, e.g. `["all-gather"]`.
-        expect: exact executions per call by kind, e.g. `{"all-to-all": 2}`; kinds not listed
-            are unconstrained (list `{"all-reduce": 0}` to forbid by count).
-        max_bytes: the most bytes per device any single collective execution may move.
+        forbid: collective kinds that must not appear at all, e.g. `["all-gather"]` (None:
+            nothing forbidden).
+        expect: exact executions per call by kind, e.g. `{"all-to-all": 2}` (ints or numpy
+            integers); kinds not listed are unconstrained (list `{"all-reduce": 0}` to forbid
+            by count).
+        max_bytes: the most bytes per device any single collective execution may move (a
+            number, e.g. `2**20`).
         max_total_bytes: the most bytes per device all collectives together may move per call.
         mesh: the mesh to decode against (default: the program's own).
         **kwargs: keyword arguments for `fn`.
@@ -79,24 +122,26 @@ def assert_collectives(
     Raises:
         CollectiveAssertionError: when an expectation fails; the message lists the offending
             collectives with bytes and source lines.
-        ValueError: for an unknown collective kind in `forbid` or `expect`, or a negative count.
+        ValueError: for an unknown collective kind in `forbid` or `expect`, a count that is
+            not an int >= 0, a negative byte bound, or a `mesh` other than the arguments'.
+        TypeError: a byte bound that is not a number (e.g. the string `"1MiB"`).
 
     Example:
-        >>> shardkit.assert_collectives(f, x, forbid=["all-gather"], max_bytes=2**20)
+        >>> mesh = jax.make_mesh((8,), ("x",), axis_types=(AxisType.Auto,))
+        >>> x = jax.device_put(jnp.ones((64, 32)), NamedSharding(mesh, P("x")))
+        >>> report = shardkit.assert_collectives(lambda x: jnp.tanh(x) * 2, x,
+        ...                                      forbid=["all-gather"], max_bytes=2**20)
+        >>> report.counts()
+        {}
 
     See also:
         `shardkit.inspect`.
     """
-    forbid = [forbid] if isinstance(forbid, str) else list(forbid)
+    forbid = [forbid] if isinstance(forbid, str) else list(forbid or ())
     _check_kinds(forbid, "forbid")
-    expect = dict(expect or {})
-    _check_kinds(expect, "expect")
-    for k, v in expect.items():
-        if not isinstance(v, int) or v < 0:
-            raise ShardkitValueError(
-                f"assert_collectives(expect={{{k!r}: {v!r}}}): a count must be an int >= 0; "
-                f'fix: expect={{"{k}": 2}}.'
-            )
+    expect = _check_expect(expect)
+    _check_bytes(max_bytes, "max_bytes")
+    _check_bytes(max_total_bytes, "max_total_bytes")
     report = inspect(fn, *args, mesh=mesh, **kwargs)
     problems: list[str] = []
     lines: list[str] = []

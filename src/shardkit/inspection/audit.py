@@ -7,13 +7,16 @@ layouts, a gradient all-reduce. For each it finds the kind, bytes, mesh axes (by
 replica groups against the mesh), how often it runs (loop trip counts) and the user's source
 line (through the stack-frame tables XLA keeps in the text).
 
-Example:
-    >>> mesh = jax.make_mesh((4, 2), ("data", "model"))
+Example (with `jax`, `jnp`, `shardkit`, `AxisType`, `NamedSharding`, `P` imported, on 8
+devices):
+    >>> mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Auto,) * 2)
     >>> x = jax.ShapeDtypeStruct((1024, 512), jnp.float32,
     ...                          sharding=NamedSharding(mesh, P("data", "model")))
     >>> report = shardkit.inspect(jnp.fft.fftn, x)
-    >>> report.of_kind("all-gather")[0].describe()
-    'all-gather f32[256,256] over data,model (n=8): 1.8 MiB per device x 1 at ...'
+    >>> for c in report.of_kind("all-gather"):
+    ...     print(c.describe())
+    all-gather c64[256,256] -> c64[256,512] over model (n=2): 512.0 KiB per device x 1 at ...
+    all-gather c64[256,512] -> c64[1024,512] over data (n=4): 3.0 MiB per device x 1 at ...
 """
 
 from __future__ import annotations
@@ -25,12 +28,13 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from shardkit.collectives import FORMULAS, bytes_moved
-from shardkit.errors import ShardkitError
+from shardkit.errors import ShardkitError, ShardkitValueError
 from shardkit.inspection import groups as groups_mod
 from shardkit.inspection import hlo
-from shardkit.inspection.compiled_layout import arg_names_of, layout_of, requested_shardings
-from shardkit.inspection.compiling import compile_for, kind_of
+from shardkit.inspection.compiled_layout import input_pairs, layout_for
+from shardkit.inspection.compiling import compile_for
 from shardkit.inspection.report import Collective, Cost, Finding, MemoryStats, Report
+from shardkit.mesh import describe_mesh
 
 DEFAULT_LARGE_BYTES = 256 * 2**20
 _NARROW = ("bf16", "f16", "f8")
@@ -40,9 +44,8 @@ class NoMeshError(ShardkitError, ValueError):
     """The program has no mesh to decode its collectives against."""
 
 
-def _find_mesh(compiled: Any, mesh: Any) -> Any:
-    if mesh is not None:
-        return mesh
+def _program_mesh(compiled: Any) -> Any:
+    """The mesh of the program's NamedShardings (its arguments', else its outputs'), if any."""
     import jax
     from jax.sharding import NamedSharding
 
@@ -50,10 +53,50 @@ def _find_mesh(compiled: Any, mesh: Any) -> Any:
     for sh in jax.tree.leaves((in_sh, out_sh)):
         if isinstance(sh, NamedSharding) and sh.mesh.size > 1:
             return sh.mesh
+    return None
+
+
+def _device_ids(mesh: Any) -> list[int] | None:
+    """The device ids of a concrete mesh in row-major order; None for an AbstractMesh."""
+    import jax
+
+    if not isinstance(mesh, jax.sharding.Mesh):
+        return None
+    return [int(d.id) for d in mesh.devices.flat]
+
+
+def _find_mesh(compiled: Any, mesh: Any) -> Any:
+    """The mesh to decode against: `mesh`, else the program's, else `jax.set_mesh`'s; None
+    when there is none."""
+    import jax
+
+    if mesh is not None:
+        return mesh
+    own = _program_mesh(compiled)
+    if own is not None:
+        return own
     abstract = jax.sharding.get_abstract_mesh()
     if not abstract.empty:
         return abstract
     return None
+
+
+def _check_same_mesh(mesh: Any, own: Any) -> None:
+    """Raises unless `mesh` has the axes (names, sizes, order) and device order of `own`."""
+    ids, own_ids = _device_ids(mesh), _device_ids(own)
+    same_axes = _mesh_axes(mesh) == _mesh_axes(own)
+    if same_axes and (None in (ids, own_ids) or ids == own_ids):  # an AbstractMesh: no devices
+        return
+    order = ""
+    if same_axes:
+        order = f" (the same mesh axes, but devices in the order {ids} instead of {own_ids})"
+    raise ShardkitValueError(
+        f"inspect(mesh=...): mesh={describe_mesh(mesh)} is not the mesh the arguments are "
+        f"placed on, {describe_mesh(own)}{order}. The compiled program numbers the devices of "
+        "the arguments' mesh, so its replica groups decoded against another mesh would name "
+        "the wrong mesh axes; fix: drop mesh= (the arguments' mesh is used), or pass mesh= "
+        "the mesh the arguments are placed on (x.sharding.mesh)."
+    )
 
 
 def _mesh_axes(mesh: Any) -> tuple[tuple[str, ...], tuple[int, ...]]:
@@ -212,9 +255,7 @@ def _findings(
     import jax
 
     found: list[Finding] = []
-    in_sh, _ = compiled.input_shardings
-    args_info, _ = compiled.args_info
-    pairs = list(zip(jax.tree.leaves(args_info), jax.tree.leaves(in_sh), strict=False))
+    pairs = [(info, sh) for _, info, sh in input_pairs(compiled) if sh is not None]  # used ones
     sharded_inputs = [
         (tuple(info.shape), math.prod(info.shape))
         for info, sh in pairs
@@ -267,11 +308,9 @@ def _findings(
                 )
             )
     if sharded_inputs:
-        out_info = compiled.out_info
+        flat_out, treedef = jax.tree_util.tree_flatten_with_path(compiled.out_info)
         for (path, info), sh in zip(
-            jax.tree_util.tree_flatten_with_path(out_info)[0],
-            jax.tree.leaves(compiled.output_shardings),
-            strict=False,
+            flat_out, treedef.flatten_up_to(compiled.output_shardings), strict=True
         ):
             if (
                 getattr(sh, "is_fully_replicated", False)
@@ -311,7 +350,8 @@ def inspect(
         *args: the arguments to compile for: arrays or `jax.ShapeDtypeStruct`s with shardings
             (none for a Lowered or Compiled object).
         mesh: the mesh to decode collectives against; default: the mesh of the program's
-            `NamedSharding`s, else the one set with `jax.set_mesh`.
+            `NamedSharding`s, else the one set with `jax.set_mesh`. When the program has
+            NamedShardings, `mesh` must be their mesh (same mesh axes and device order).
         large_bytes: collectives moving more bytes per device per call get a warning.
         branch_counts: how often each branch of a data-dependent conditional runs, for
             collectives inside `lax.switch` branches: conditional key (its instruction name or
@@ -326,10 +366,12 @@ def inspect(
     Raises:
         TypeError: `fn` is not callable, or the arguments do not match its signature.
         NoMeshError: the program has no mesh (no NamedSharding anywhere, no `jax.set_mesh`).
-        ValueError: a `branch_counts` key names no conditional, or has the wrong length.
+        ValueError: `mesh` is not the mesh the arguments are placed on (other mesh axes or
+            sizes, or another device order); a `branch_counts` key names no conditional, or
+            has the wrong length.
 
     Example:
-        >>> mesh = jax.make_mesh((8,), ("x",))
+        >>> mesh = jax.make_mesh((8,), ("x",), axis_types=(AxisType.Auto,))
         >>> a = jax.device_put(jnp.ones((64, 32)), NamedSharding(mesh, P("x")))
         >>> report = shardkit.inspect(lambda a: a @ a.T, a)
         >>> report.counts()["all-gather"]
@@ -339,7 +381,8 @@ def inspect(
         `shardkit.assert_collectives`, `shardkit.inspection.compiled_layout`.
     """
 
-    compiled, compile_seconds = compile_for(fn, args, kwargs)
+    compilation = compile_for(fn, args, kwargs)
+    compiled = compilation.compiled
     found = _find_mesh(compiled, mesh)
     t0 = time.perf_counter()
     text = compiled.as_text()
@@ -361,6 +404,9 @@ def inspect(
             f"devices but the program runs on {module.num_partitions} partitions; fix: pass "
             "mesh= the mesh the program was compiled for."
         )
+    own = _program_mesh(compiled)
+    if mesh is not None and own is not None:
+        _check_same_mesh(mesh, own)
     t1 = time.perf_counter()
     colls = collectives_of(
         module, names, sizes, branch_counts=branch_counts, fallback=_definition(fn)
@@ -368,16 +414,6 @@ def inspect(
     platform = _platform(compiled)
     findings = _findings(compiled, colls, large_bytes, platform)
     parse_seconds = parse_text + time.perf_counter() - t1
-    kind = kind_of(fn)
-    layout = None
-    if kind in ("function", "jitted"):
-        layout = layout_of(
-            compiled,
-            arg_names=arg_names_of(getattr(fn, "__wrapped__", fn), len(args)),
-            requested_in=requested_shardings(args),
-        )
-    else:
-        layout = layout_of(compiled)
     return Report(
         name=module.name,
         mesh=dict(zip(names, sizes, strict=True)),
@@ -386,9 +422,9 @@ def inspect(
         memory=_memory(compiled),
         cost=_cost(compiled),
         warnings=findings,
-        layout=layout,
+        layout=layout_for(compilation, fn, args, kwargs),
         parse_seconds=parse_seconds,
-        compile_seconds=compile_seconds,
+        compile_seconds=compilation.seconds,
     )
 
 

@@ -204,9 +204,13 @@ def run(args: argparse.Namespace) -> int:
     fn, ns = _load_target(args.target)
     mesh = None
     if args.mesh:
-        from shardkit.mesh import make_mesh  # lazy: `shardkit inspect --help` starts no JAX
+        from shardkit.mesh import (  # lazy: `shardkit inspect --help` starts no JAX
+            first_devices,
+            make_mesh,
+        )
 
-        mesh = make_mesh(parse_mesh_arg(args.mesh), axis_types=args.axis_types)
+        sizes = parse_mesh_arg(args.mesh)
+        mesh = make_mesh(sizes, axis_types=args.axis_types, devices=first_devices(sizes))
     if ns is not None:
         call_args = tuple(ns["args"])
         kwargs = dict(ns.get("kwargs") or {})

@@ -14,13 +14,14 @@ import contextlib
 import inspect as _pyinspect
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 
+from shardkit.compat import jit_params
 from shardkit.errors import ShardkitTypeError
 
-__all__ = ["check_args", "compile_for", "kind_of", "source_exact_compiles"]
+__all__ = ["Compilation", "check_args", "compile_for", "kind_of", "source_exact_compiles"]
 
 _METADATA_IN_KEY = "jax_compilation_cache_include_metadata_in_key"
 
@@ -84,11 +85,53 @@ def _describe_arg(a: Any) -> str:
     return type(a).__name__
 
 
+class Compilation(NamedTuple):
+    """A compiled program, how long compiling took, and the shardings its `jax.jit` was asked
+    for: one per leaf of the dynamic `(args, kwargs)` and one per output leaf, None where jit
+    was left to choose; empty for a Lowered or Compiled object, whose requests are not kept."""
+
+    compiled: Any
+    seconds: float | None
+    requested_in: tuple[Any, ...] = ()
+    requested_out: tuple[Any, ...] = ()
+
+
+def _jit_requests(traced: Any, key: str) -> tuple[Any, ...]:
+    """The shardings `jax.jit` was given for a traced call (`in_shardings`/`out_shardings`,
+    flat), None where it was left unspecified.
+
+    Read through `compat.jit_params`; where JAX keeps none, nothing counts as requested (the
+    layout then shows "compiler's choice")."""
+    flat = jit_params(traced).get(key, ())
+    return tuple(s if isinstance(s, jax.sharding.Sharding) else None for s in flat)
+
+
 def compile_for(
-    fn: Any, args: tuple, kwargs: dict, *, who: str = "inspect"
-) -> tuple[Any, float | None]:
-    """Compiles `fn` for `args` (or passes a compiled object through): (compiled, seconds)."""
+    fn: Any,
+    args: tuple,
+    kwargs: dict,
+    *,
+    who: str = "inspect",
+    in_shardings: Any = None,
+    out_shardings: Any = None,
+) -> Compilation:
+    """Compiles `fn` for `args` (or passes a compiled object through).
+
+    `in_shardings`/`out_shardings` (NamedShardings, or None leaves for "compiler's choice") go
+    to `jax.jit` as they would from the user: a plain function is jitted with them, a jitted
+    one wrapped in a `jax.jit` that has them. A Lowered or Compiled object cannot take them.
+    """
     kind = kind_of(fn)
+    options = {k: v for k, v in (("in_shardings", in_shardings), ("out_shardings", out_shardings))
+               if v is not None}  # fmt: skip
+    asked = list(options)
+    if asked and kind not in ("function", "jitted"):
+        what = {"compiled": "Compiled", "lowered": "Lowered", "traced": "Traced"}[kind]
+        raise ShardkitTypeError(
+            f"{who}({kind}, {asked[0]}=...): {asked[0]}= needs a function to compile; a {what} "
+            f"object is already lowered with its shardings; fix: {who}(f, *args, "
+            f"{asked[0]}=...) with f the function, or jax.jit(f, {asked[0]}=...) before lowering."
+        )
     if kind == "compiled":
         if args or kwargs:
             raise ShardkitTypeError(
@@ -96,7 +139,7 @@ def compile_for(
                 f"positional and {len(kwargs)} keyword; fix: {who}(compiled) or "
                 f"{who}(jitted_fn, *args)."
             )
-        return fn, None
+        return Compilation(fn, None)
     t0 = time.perf_counter()
     if kind in ("lowered", "traced"):
         what = "Lowered" if kind == "lowered" else "Traced"
@@ -107,10 +150,16 @@ def compile_for(
             )
         with source_exact_compiles():
             compiled = fn.compile() if kind == "lowered" else fn.lower().compile()
-    else:
-        check_args(fn, args, kwargs, who)
-        jitted = fn if kind == "jitted" else jax.jit(fn)
-        lowered = jitted.lower(*args, **kwargs)
-        with source_exact_compiles():
-            compiled = lowered.compile()
-    return compiled, time.perf_counter() - t0
+        return Compilation(compiled, time.perf_counter() - t0)
+    check_args(fn, args, kwargs, who)
+    jitted = fn if kind == "jitted" and not options else jax.jit(fn, **options)
+    if hasattr(jitted, "trace"):
+        traced = jitted.trace(*args, **kwargs)
+        req_in = _jit_requests(traced, "in_shardings")
+        req_out = _jit_requests(traced, "out_shardings")
+        lowered = traced.lower()
+    else:  # a jit-like wrapper without `.trace`: no requests to read
+        req_in, req_out, lowered = (), (), jitted.lower(*args, **kwargs)
+    with source_exact_compiles():
+        compiled = lowered.compile()
+    return Compilation(compiled, time.perf_counter() - t0, req_in, req_out)

@@ -1,4 +1,4 @@
-"""Replica groups: the four spellings XLA prints, and the mesh axes a group spans.
+r"""Replica groups: the four spellings XLA prints, and the mesh axes a group spans.
 
 A collective names the devices that communicate as groups of partition ids. XLA prints them as
 explicit lists `{{0,1},{2,3}}`, as an iota `[2,4]<=[4,2]T(1,0)` (reshape, transpose, rows), as
@@ -8,7 +8,14 @@ any of them to lists of ids; `mesh_axes_of` finds the mesh axes along which the 
 vary, since `jax.jit` gives partition id i to the device at row-major position i of the mesh.
 
 Example:
-    >>> replica_groups(instr, 8)            # replica_groups=[2,4]<=[4,2]T(1,0)
+    >>> from shardkit.inspection.hlo import parse_hlo
+    >>> module = parse_hlo(
+    ...     "HloModule m, num_partitions=8\n\nENTRY %main (p: f32[2]) -> f32[8] {\n"
+    ...     "  %p = f32[2]{0} parameter(0)\n"
+    ...     "  ROOT %ag = f32[8]{0} all-gather(%p), replica_groups=[2,4]<=[4,2]T(1,0), "
+    ...     "dimensions={0}\n}\n")
+    >>> instr = next(iter(module.collectives()))
+    >>> replica_groups(instr, 8)
     [[0, 2, 4, 6], [1, 3, 5, 7]]
     >>> mesh_axes_of([[0, 2, 4, 6], [1, 3, 5, 7]], ("data", "model"), (4, 2), pairs=False)
     (('data',), '')
@@ -103,7 +110,7 @@ def _unravel(index: int, sizes: list[int] | tuple[int, ...]) -> tuple[int, ...]:
 
 
 def replica_groups(instr: Instruction, num_partitions: int) -> list[list[int]]:
-    """The groups of partition ids a collective runs over.
+    r"""The groups of partition ids a collective runs over.
 
     For `collective-permute` this returns the `source_target_pairs` as two-element groups.
     An empty `replica_groups={}` means one group of all `num_partitions` partitions.
@@ -119,7 +126,11 @@ def replica_groups(instr: Instruction, num_partitions: int) -> list[list[int]]:
         ValueError: when the spelling of the groups is not one XLA prints.
 
     Example:
-        >>> replica_groups(instr, 8)   # replica_groups=[2,4]<=[4,2]T(1,0)
+        >>> from shardkit.inspection.hlo import parse_hlo
+        >>> text = ("HloModule m, num_partitions=8\n\nENTRY %main (p: f32[2]) -> f32[2] {\n"
+        ...         "  %p = f32[2]{0} parameter(0)\n  ROOT %r = f32[2]{0} all-reduce(%p), "
+        ...         "replica_groups=[2,4]<=[4,2]T(1,0), to_apply=%add\n}\n")
+        >>> replica_groups(next(iter(parse_hlo(text).collectives())), 8)
         [[0, 2, 4, 6], [1, 3, 5, 7]]
     """
     key = "source_target_pairs" if instr.kind == "collective-permute" else "replica_groups"

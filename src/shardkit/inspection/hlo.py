@@ -15,9 +15,13 @@ loop counts in `hlo_loops`, source attribution in `hlo_source`; this module gath
 public names.
 
 Example:
+    >>> mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Auto,) * 2)
+    >>> x = jax.ShapeDtypeStruct((64, 32), jnp.float32,
+    ...                          sharding=NamedSharding(mesh, P("data", "model")))
+    >>> compiled = jax.jit(lambda a: (a @ a.T).sum(0)).lower(x).compile()
     >>> module = parse_hlo(compiled.as_text())
     >>> [i.opcode for i in module.collectives()]
-    ['all-gather', 'all-reduce']
+    ['all-gather', 'all-reduce', 'all-reduce']
 """
 
 from __future__ import annotations
@@ -74,7 +78,9 @@ def collective_counts(hlo_text: str) -> collections.Counter[str]:
         A Counter with a key for each of `COLLECTIVE_KINDS` (zero when absent).
 
     Example:
-        >>> compiled = jax.jit(f).lower(x).compile()
+        >>> mesh = jax.make_mesh((8,), ("x",), axis_types=(AxisType.Auto,))
+        >>> x = jax.ShapeDtypeStruct((64, 32), jnp.float32, sharding=NamedSharding(mesh, P("x")))
+        >>> compiled = jax.jit(lambda a: a * 2).lower(x).compile()
         >>> collective_counts(compiled.as_text())["all-gather"]
         0
 

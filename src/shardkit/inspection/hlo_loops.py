@@ -26,8 +26,16 @@ def conditional_matches(module: HloModule, key: str) -> list[Instruction]:
     `jit(f)/while/body/lane0/cond` has components `jit(f)`, `while`, `body`, `lane0`, `cond`).
 
     Example:
-        >>> [c.name for c in conditional_matches(parse_hlo(text), "lane0")]
-        ['conditional.7']
+        >>> from shardkit.inspection.hlo import parse_hlo
+        >>> def f(c, ks):
+        ...     def step(c, k):
+        ...         with jax.named_scope("lane0"):
+        ...             c = jax.lax.switch(k, [lambda c: c + 1, lambda c: c * 2, jnp.sin], c)
+        ...         return c, None
+        ...     return jax.lax.scan(step, c, ks)[0]
+        >>> text = jax.jit(f).lower(1.0, jnp.array([0, 1, 1, 0, 2])).compile().as_text()
+        >>> [c.opcode for c in conditional_matches(parse_hlo(text), "lane0")]
+        ['conditional']
     """
     return [
         ins
@@ -113,10 +121,23 @@ def execution_counts(
             below 0 or all 0.
 
     Example:
-        >>> execution_counts(parse_hlo(text))["region_0.4_spmd"]   # body of a 5-step scan
+        >>> from shardkit.inspection.hlo import parse_hlo
+        >>> def f(c, ks):  # a 5-step scan whose body switches between 3 branches
+        ...     def step(c, k):
+        ...         with jax.named_scope("lane0"):
+        ...             c = jax.lax.switch(k, [lambda c: c + 1, lambda c: c * 2, jnp.sin], c)
+        ...         return c, None
+        ...     return jax.lax.scan(step, c, ks)[0]
+        >>> text = jax.jit(f).lower(1.0, jnp.array([0, 1, 1, 0, 2])).compile().as_text()
+        >>> module = parse_hlo(text)
+        >>> (cond,) = conditional_matches(module, "lane0")
+        >>> execution_counts(module)[cond.computation]   # the body of the scan
         5
-        >>> # a switch in that body taking branch 1 twice and branch 0 three times
-        >>> execution_counts(parse_hlo(text), {"lane0": (3, 2)})["branch_1_fn.9"]
+        >>> branch_1 = _branches(cond)[1]
+        >>> execution_counts(module)[branch_1]            # as if taken at every step
+        5
+        >>> # of the 5 steps, branch 0 runs twice, branch 1 twice, branch 2 once
+        >>> execution_counts(module, {"lane0": (2, 2, 1)})[branch_1]
         2
     """
     weights = _branch_weights(module, branch_counts or {})

@@ -343,7 +343,9 @@ def parse_hlo(text: str) -> HloModule:
         ValueError: when `text` holds no HloModule (e.g. StableHLO from `lowered.as_text()`).
 
     Example:
-        >>> module = parse_hlo(jax.jit(f).lower(x).compile().as_text())
+        >>> mesh = jax.make_mesh((8,), ("x",), axis_types=(AxisType.Auto,))
+        >>> x = jax.ShapeDtypeStruct((64, 32), jnp.float32, sharding=NamedSharding(mesh, P("x")))
+        >>> module = parse_hlo(jax.jit(lambda a: a.sum()).lower(x).compile().as_text())
         >>> module.num_partitions
         8
     """

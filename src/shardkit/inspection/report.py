@@ -9,10 +9,16 @@ Byte counts are per device, for one execution of a collective, with ring-algorit
 (`FORMULAS`); `total_bytes` multiplies by how many times the collective runs per call.
 
 Example:
-    >>> report = shardkit.inspect(f, x)
+    >>> mesh = jax.make_mesh((8,), ("x",), axis_types=(AxisType.Auto,))
+    >>> a = jax.device_put(jnp.ones((64, 32)), NamedSharding(mesh, P("x")))
+    >>> report = shardkit.inspect(lambda a: a @ a.T, a)
     >>> print(report)                 # plain text
+    jit__lambda on mesh x=8 (cpu): 1 collectives, 7.0 KiB per device per call
+    #  kind        shape      mesh axes  n  bytes/exec  count  total    source
+    0  all-gather  f32[32,8]  x          8  7.0 KiB     1      7.0 KiB  ...
+    ...
     >>> report.to_dict()["totals"]["by_kind"]["all-gather"]
-    {'count': 1, 'bytes': 229376, 'count_known': True}
+    {'count': 1, 'bytes': 7168, 'count_known': True}
 """
 
 from __future__ import annotations
