@@ -116,6 +116,7 @@ def test_help_imports_no_jax():
         (["plan", "--max-stage", "0"], r"argument --max-stage: 0 is below 1"),
         (["plan", "--top", "-1"], r"argument --top: -1 is below 1"),
         (["plan", "--virtual", "0"], r"argument --virtual: 0 is below 1"),
+        (["launch", "-n", "2", "--timeout", "-1", "--", "true"], r"-1 is not a positive number"),
         (["plan", "--devices", "x"], r"argument --devices: 'x' is not an integer"),
         (["train", "--processes", "0"], r"argument --processes: 0 is below 1"),
         (["train", "--strategy", "bogus"], r"invalid choice 'bogus' for argument '--strategy'"),
@@ -267,3 +268,33 @@ def test_an_error_of_any_kind_is_one_line_and_the_interrupt_says_so(tmp_path, mo
     monkeypatch.setattr("shardkit.cli._cmd_devices", stopped)
     assert main(["devices"]) == 130
     assert capsys.readouterr().err.strip() == "shardkit devices: interrupted"  # was empty
+
+
+def test_plan_refuses_what_it_would_ignore_and_counts_small_models(capsys):
+    assert main(["plan", "--virtual", "3"]) == 2  # ignored without the interleaved schedule
+    assert "fix: add --schedule interleaved" in capsys.readouterr().err
+    assert main(["plan", "--model", "resnet50", "--seq", "128"]) == 2  # a raw TypeError before
+    assert "model 'resnet50' (Dense) has no setting seq; fix" in capsys.readouterr().err
+    argv = [
+        "plan",
+        "--layers",
+        "2",
+        "--d-model",
+        "64",
+        "--heads",
+        "4",
+        "--vocab",
+        "16",
+        "--seq",
+        "16",
+        "--batch",
+        "8",
+        "--devices",
+        "8",
+        "--hardware",
+        "cpu",
+        "--top",
+        "1",
+    ]
+    assert main(argv) == 0
+    assert "custom: 100.7K params" in capsys.readouterr().out  # was "0.00B params"

@@ -9,6 +9,7 @@ depends on the CLI. JAX is imported only where a value needs it (a PartitionSpec
 from __future__ import annotations
 
 import argparse
+import math
 import re
 
 from shardkit.errors import ShardkitError
@@ -56,6 +57,17 @@ def port_number(text: str) -> int:
     value = at_least(1)(text)
     if value > 65535:
         raise argparse.ArgumentTypeError(f"{value} is not a TCP port (1 to 65535)")
+    return value
+
+
+def positive_seconds(text: str) -> float:
+    """An argparse `type`: a finite number of seconds > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"{value:g} is not a positive number of seconds")
     return value
 
 

@@ -23,7 +23,7 @@ import time
 from collections.abc import Sequence
 from typing import TextIO
 
-from shardkit.cli_args import at_least, port_number
+from shardkit.cli_args import at_least, port_number, positive_seconds
 from shardkit.distributed import environment as _env
 from shardkit.distributed.runtime import local_device_env
 from shardkit.errors import ShardkitValueError
@@ -329,7 +329,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--port", type=port_number, default=None, help="coordinator port (default free)"
     )
-    parser.add_argument("--timeout", type=float, default=None, help="stop all ranks after S s")
+    parser.add_argument(
+        "--timeout", type=positive_seconds, default=None, help="stop all ranks after S s"
+    )
     parser.add_argument(
         "--verbose", action="store_true", help="keep gloo's per-rank connection lines"
     )

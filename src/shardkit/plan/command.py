@@ -73,8 +73,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--virtual",
         type=at_least(1),
-        default=2,
-        help="chunks per device for --schedule interleaved",
+        default=None,
+        help="chunks per device for --schedule interleaved (default 2)",
     )
     parser.add_argument(
         "--sequence-parallel", action="store_true",
@@ -159,6 +159,11 @@ def _zero(text: str) -> tuple[int, ...]:
 def run(args: argparse.Namespace) -> int:
     """Runs `shardkit plan`; returns the exit code."""
     workload = _workload(args)
+    if args.virtual is not None and args.schedule != "interleaved":
+        raise ShardkitValueError(
+            f"--virtual {args.virtual} sets the chunks per device of the interleaved schedule, "
+            f"but --schedule is {args.schedule}; fix: add --schedule interleaved."
+        )
     result = plan(
         workload,
         devices=args.devices,
@@ -168,7 +173,7 @@ def run(args: argparse.Namespace) -> int:
         max_stage=args.max_stage,
         zero=_zero(args.zero),
         schedule=args.schedule,
-        virtual=args.virtual,
+        virtual=args.virtual or 2,
         sequence_parallel=args.sequence_parallel,
         collective_matmul=args.collective_matmul,
         runtime=args.runtime,

@@ -7,6 +7,15 @@ from typing import Any
 from shardkit.common import format_bytes as _size
 from shardkit.plan.memory import model_state_bytes
 
+
+def _count(n: float) -> str:
+    """A parameter count: 101.2K, 8.03B."""
+    for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.2f}{unit}" if unit in "TB" else f"{n / scale:.1f}{unit}"
+    return f"{n:.0f}"
+
+
 _SHORT = {
     "all-gather": "AG",
     "reduce-scatter": "RS",
@@ -39,7 +48,7 @@ def table(plan, top: int = 8):
 
     hw = plan.hardware
     title = (
-        f"{plan.workload.name}: {plan.workload.n_params() / 1e9:.2f}B params, batch "
+        f"{plan.workload.name}: {_count(plan.workload.n_params())} params, batch "
         f"{plan.workload.batch}, on {plan.devices} x {hw.name} ({_size(hw.usable_bytes)} of "
         f"{_size(hw.hbm_bytes)} usable) - {len(plan.candidates)} layouts fit"
         + (

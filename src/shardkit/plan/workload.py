@@ -378,4 +378,13 @@ def preset(name: str, **changes) -> Transformer | Dense:
             f"unknown model {name!r}; presets: {', '.join(presets())}; fix: pass one of those "
             "or a shardkit.plan.Transformer(layers=..., d_model=..., ...)."
         )
-    return _PRESETS[key]().replace(**changes) if changes else _PRESETS[key]()
+    base = _PRESETS[key]()
+    fields = {f.name for f in dataclasses.fields(base)}
+    unknown = sorted(set(changes) - fields)
+    if unknown:
+        raise ShardkitValueError(
+            f"model {name!r} ({type(base).__name__}) has no setting {', '.join(unknown)}; fix: "
+            f"leave {'them' if len(unknown) > 1 else 'it'} out, or set one of "
+            f"{', '.join(sorted(fields))}."
+        )
+    return base.replace(**changes) if changes else base
