@@ -125,3 +125,13 @@ def test_collective_matmul_without_sequence_parallelism_says_how_to_fix():
         Hybrid(data=2, tensor=4, collective_matmul=True)
     with pytest.raises(ValueError, match="--sequence-parallel"):
         from_name("tp", collective_matmul=True)
+
+
+def test_auto_names_sequence_parallelism_when_it_is_what_keeps_every_layout_from_running():
+    """The error blamed fsdp inside stages for a plan whose only layout was tensor + SP."""
+    from shardkit.plan import NoValidLayoutError, Transformer, plan
+
+    w = Transformer(name="t", layers=2, d_model=64, heads=4, vocab=16, seq=16, batch=7)
+    planned = plan(w, devices=8, hardware="cpu", sequence_parallel=True)
+    with pytest.raises(NoValidLayoutError, match=r"sequence parallelism inside pipeline stages"):
+        planned.runnable_best()

@@ -349,10 +349,13 @@ class Plan:
         for c in self.candidates:
             if c.runnable:
                 return c
+        sp = any(getattr(c, "sequence_parallel", False) and c.stage > 1 for c in self.candidates)
+        why = "sequence parallelism inside pipeline stages" if sp else "fsdp inside pipeline stages"
+        fix = "drop --sequence-parallel (or give a batch that splits without stages), or " * sp
         raise NoValidLayoutError(
-            f"none of the {len(self.candidates)} planned layouts can be run by shardkit (fsdp "
-            "inside pipeline stages); fix: --strategy hybrid with --mesh data=...,stage=..., or "
-            "plan(..., max_stage=1)."
+            f"none of the {len(self.candidates)} planned layouts can be run by shardkit ({why}"
+            f", e.g. {self.candidates[0].layout}); fix: {fix}--strategy hybrid with --mesh "
+            "data=...,stage=..., or plan(..., max_stage=1)."
         )
 
     def top(self, n: int = 5) -> list[Candidate]:
