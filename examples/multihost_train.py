@@ -10,7 +10,8 @@ whatever the process count:
     python examples/multihost_train.py             # one process, 8 simulated devices
 
 Expected output (process 0 of 2, prefixed `[rank 0]`; one process prints the same, with
-"process 0 of 1, 8 local devices of 8" and "saved by 1 processes"):
+"process 0 of 1, 8 local devices of 8" and "saved by 1 processes"; the checkpoint line comes
+with `--out DIR`):
     process 0 of 2, 4 local devices of 8
     dp     mesh {'data': 8} losses 1.5522 1.7852 1.9490
     fsdp   mesh {'fsdp': 8} losses 1.5522 1.7852 1.9490
