@@ -1,6 +1,7 @@
 """The layout APIs at the boundary: users' trees (PRNG keys, None leaves, NamedShardings), bad
 meshes and bad arguments. Each case failed before, with a raw error or a wrong answer."""
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -145,3 +146,16 @@ def test_an_abstract_mesh_is_described_and_has_no_table(mesh):
     )
     with pytest.raises(MeshError, match="no devices to lay out; fix"):
         sk.mesh_table(mesh.abstract_mesh)
+
+
+def test_a_leaf_that_is_no_array_is_a_lint_error_not_a_crash_in_device_put(mesh):
+    """An Equinox module holds its activation functions as leaves: lint said 0 errors, then
+    shard failed inside device_put."""
+    model = eqx.nn.MLP(4, 4, 8, 1, key=jax.random.key(0))
+    report = sk.lint(model, P(), mesh)
+    assert {f.code for f in report.errors} == {"not-array"}
+    assert "leaf 'activation' is custom_jvp, not an array" in report.errors[0].message
+    with pytest.raises(ShardingRuleError, match=r"not an array.*eqx.filter\(model, eqx.is_array\)"):
+        sk.shard(model, sk.Rules(default=P()), mesh)
+    assert sk.lint(eqx.filter(model, eqx.is_array), P(), mesh).ok
+    assert not sk.lint({"act": "relu"}, P(), mesh).ok

@@ -65,6 +65,7 @@ _ERRORS: dict[str, type[ShardingRuleError]] = {
     "duplicate-axis": DuplicateMeshAxisError,
     "rank": SpecRankError,
     "indivisible": IndivisibleShardingError,
+    "not-array": ShardingRuleError,
 }
 
 
@@ -459,7 +460,18 @@ def lint(tree: Any, rules_or_specs: Any, mesh: Any = None, *, top: int = 5) -> L
     leaves: list[LeafLayout] = []
     for (path, leaf), (spec, source) in zip(items, assigned, strict=True):
         shape, dtype = leaf_shape_dtype(leaf)
-        if spec is None:
+        if getattr(dtype, "kind", "") in ("O", "U", "S"):  # a function, a string: not placeable
+            findings.append(
+                LintFinding(
+                    path,
+                    "not-array",
+                    "error",
+                    f"leaf {path!r} is {type(leaf).__name__}, not an array, so it cannot be "
+                    "placed on devices; fix: pass the arrays only (Equinox: eqx.filter(model, "
+                    "eqx.is_array); NNX: nnx.state(model)).",
+                )
+            )
+        elif spec is None:
             findings.append(
                 LintFinding(
                     path,
