@@ -97,3 +97,9 @@ def test_a_loss_fn_that_returns_no_scalar_or_no_metrics_dict_is_named():
     t = trainer(loss_fn=lambda p, b: (loss_fn(p, b), [1.0]))
     with pytest.raises(TypeError, match=r"\(loss, list\).*dict of metrics"):
         t.step(t.init(0), t.place_batch(HOST))
+
+
+def test_a_loss_fn_that_returns_three_items_is_named():
+    t = trainer(loss_fn=lambda p, b: (loss_fn(p, b), {}, 1))
+    with pytest.raises(ValueError, match=r"returned a tuple of 3 items.*fix"):
+        t.step(t.init(0), t.place_batch(HOST))

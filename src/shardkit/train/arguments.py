@@ -144,9 +144,21 @@ def check_batch(batch: Any, method: str) -> None:
             )
 
 
+def split_loss(out: Any) -> tuple[Any, Any]:
+    """`loss_fn`'s result as (loss, metrics): a scalar loss, or a pair of it and a dict of
+    metrics; raises, while the step is traced, for anything else."""
+    if isinstance(out, tuple) and len(out) != 2:
+        raise ShardkitValueError(
+            f"loss_fn returned a tuple of {len(out)} items; it must return the loss, or "
+            "(loss, metrics dict); fix: return loss, {'accuracy': acc}."
+        )
+    loss, metrics = out if isinstance(out, tuple) else (out, {})
+    check_loss(loss, metrics)
+    return loss, metrics
+
+
 def check_loss(loss: Any, metrics: Any) -> None:
-    """Raises, while the step is traced, for a `loss_fn` result that is not a scalar loss and
-    a dict of metrics."""
+    """Raises for a `loss_fn` result that is not a scalar loss and a dict of metrics."""
     if np.ndim(loss) != 0:
         raise ShardkitValueError(
             f"loss_fn returned a loss of shape {np.shape(loss)}, not a scalar; fix: reduce "

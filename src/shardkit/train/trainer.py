@@ -48,10 +48,10 @@ from shardkit.train.arguments import (
     DTYPES,
     check_arguments,
     check_batch,
-    check_loss,
     check_seed,
     check_state,
     checked_strategy,
+    split_loss,
 )
 from shardkit.train.opt_specs import optimizer_state_specs
 from shardkit.train.param_layout import indivisible_notes, split_stacked, unannotated_notes
@@ -407,8 +407,7 @@ class Trainer:
                 model.layer_layout = self._layer_layout
             with self.bound.model_context():  # sequence parallelism, when asked for
                 out = self.loss_fn(model, batch)
-            loss, metrics = out if isinstance(out, tuple) else (out, {})
-            check_loss(loss, metrics)
+            loss, metrics = split_loss(out)
             if model_state is not None:
                 model_state = cast_like(self.kind.state_of(model), model_state)
             return loss.astype(jnp.float32), dict(metrics), model_state
