@@ -301,6 +301,13 @@ def test_a_toml_value_of_the_wrong_type_is_refused_naming_the_file_and_key(line,
         load(str(path))
 
 
+def test_a_setting_of_the_wrong_type_is_refused_from_python_too():
+    with pytest.raises(ValueError, match=r"^overwrite = 'false' \(str\) is not true or false"):
+        TrainConfig(overwrite="false")
+    with pytest.raises(ValueError, match=r"^steps = 3.5 \(float\) is not a whole number"):
+        TrainConfig(steps=3.5)
+
+
 def test_a_boolean_the_file_sets_can_be_flipped_by_either_flag(tmp_path):
     from shardkit.train.command import parse_args
 

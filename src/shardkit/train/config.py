@@ -24,6 +24,7 @@ import typing
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
+import numpy as np
 import tyro
 
 from shardkit.cli_args import parse_mesh_arg
@@ -167,6 +168,8 @@ class TrainConfig:
     """START:STOP: a jax.profiler trace of those steps in <out>/profile."""
 
     def __post_init__(self):
+        for field in dataclasses.fields(self):  # from TOML, Python or flags alike
+            _check_type(field.name, getattr(self, field.name), None)
         for name, choices in _choices().items():
             value = getattr(self, name)
             if value is not None and value not in choices:
@@ -301,9 +304,11 @@ def _fits(hint: Any, value: Any) -> bool:
     if hint is bool:
         return isinstance(value, bool)
     if hint is int:
-        return isinstance(value, int) and not isinstance(value, bool)
+        return isinstance(value, int | np.integer) and not isinstance(value, bool)
     if hint is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
+        return isinstance(value, int | float | np.integer | np.floating) and not isinstance(
+            value, bool
+        )
     if hint is str:
         return isinstance(value, str)
     if origin in (Mapping, dict):  # mesh: axis name -> whole device count
@@ -332,8 +337,15 @@ def _describe(hint: Any) -> tuple[str, str]:
     return _WORDS.get(hint, str(hint)), _EXAMPLES.get(hint, "...")
 
 
+@functools.cache
+def _hints() -> dict[str, Any]:
+    """Each setting's annotation (with `Annotated` extras), read once."""
+    return typing.get_type_hints(TrainConfig, include_extras=True)
+
+
 def _check_type(key: str, value: Any, path: str | None) -> None:
-    hint = typing.get_type_hints(TrainConfig, include_extras=True)[key]
+    """Raises for a value of the wrong type, naming `path` (the TOML file) when given."""
+    hint = _hints()[key]
     if _fits(hint, value):
         return
     default = TrainConfig.__dataclass_fields__[key].default
