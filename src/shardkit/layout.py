@@ -475,8 +475,8 @@ def tree_table(tree: Any, specs: Any = None, mesh: Any = None) -> list[dict[str,
       specs: a tree of PartitionSpec or a :class:`~shardkit.Rules` (default: the arrays' own).
       mesh: needed with ``specs`` to compute bytes per device.
     """
+    leaves = leaf_path_items(tree)
     if specs is None:
-        leaves = leaf_path_items(tree)
         own = []
         for _, leaf in leaves:
             sh = getattr(leaf, "sharding", None)
@@ -500,7 +500,7 @@ def tree_table(tree: Any, specs: Any = None, mesh: Any = None) -> list[dict[str,
         for leaf in report.leaves
     ]
     if specs is None:  # each array on its own mesh: its own shard's bytes
-        for row, (_, x) in zip(rows, leaf_path_items(tree), strict=True):
+        for row, (_, x) in zip(rows, leaves, strict=True):
             sharding = getattr(x, "sharding", None)
             if hasattr(sharding, "shard_shape"):
                 row["bytes_per_device"] = math.prod(sharding.shard_shape(row["shape"])) * (
