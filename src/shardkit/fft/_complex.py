@@ -115,10 +115,12 @@ def _run_local(blk, entries, k, mesh_shape, norm, *, inverse: bool, start, end):
         split, concat = (i + 1, i) if not inverse else (i, i + 1)
         n = L.entry_size(steps[i], mesh_shape)
         m = blk.shape[nb + order.index(concat)]
-        if not inverse and _x_by_matmuls(slab, end, groups[-1][0], m):
-            # X arrives in chunks already in natural order: the FFT over X by matmuls
-            t = E.send(blk, steps[i], n, order, split, natural, nb)
-            return D.forward_gathered(t, nb, norm)
+        if not inverse and order == natural and _x_by_matmuls(slab, end, groups[-1][0], m):
+            # X arrives in chunks already in natural order: the FFT over X by matmuls. The
+            # block is [*B, x2, Y, ..]: cut Y into the chunks to send, [*B, x2, J, Y/n, ..]
+            c = blk.reshape(blk.shape[: nb + 1] + (n, blk.shape[nb + 1] // n) + blk.shape[nb + 2 :])
+            t = E.swap(D.planes_to_send(c, nb), steps[i], dim=1)
+            return D.forward_received(t, nb, norm)
         new = E.trailing_order(order, groups[g + 1][0])
         blk, order = E.exchange(blk, steps[i], n, order, split, concat, new, nb), new
     if order != list(end):

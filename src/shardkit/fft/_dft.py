@@ -13,9 +13,10 @@ one m x m matmul over x2 whose result [k2, k1] is natural order: only major dims
 inverse runs the same sums backwards with conjugate matrices and ends with the chunk index
 leading, ready to be sent.
 
-The matmuls are real: they run on the real and imaginary planes (split in the copy that joins
-the received chunks, joined in the copy that writes the result), each complex matrix acting on
-them as its real 2 x 2 block form. XLA:CPU runs a real matmul about twice as
+The matmuls are real: they run on the real and imaginary planes (split in the copy that cuts
+a slab's chunks for sending, or in the copy that joins a pencil's received chunks; joined in
+the copy that writes the result), each complex matrix acting on them as its real 2 x 2 block
+form. XLA:CPU runs a real matmul about twice as
 fast as the complex one with the same multiply-adds, and the forward m x m matmul is a real
 m x m one (`_real_dft_rows`): half the multiply-adds again. The matrices are built in float64
 on the host and rounded once. The matmuls cost O(m) per element against the FFT's O(log m),
@@ -143,6 +144,32 @@ def forward_gathered(t: jax.Array, nb: int, norm: str | None, *, x_last: bool = 
     y = _real_dft_rows(u.reshape(m, 2, n, *batch, *rest), hi)  # [k2, k1, *batch, *rest]
     y = jnp.transpose(y, [*range(2, 2 + nb), 0, 1, *range(2 + nb, y.ndim)])
     return y.reshape(batch + (n * m,) + rest)
+
+
+def planes_to_send(c: jax.Array, nb: int) -> jax.Array:
+    """Chunks `c[*batch(nb), x2, J, *rest]` (local rows x2 of X, chunk J for shard J) as the
+    planar block to send, `p[x2, J, plane, *batch, *rest]`, for `forward_received`.
+
+    This is one copy, the one that cuts the chunks for the all-to-all; an all-to-all that joins
+    the chunks along dim 1 then hands over the matmul's `[x2, (j, plane), columns]` directly.
+    """
+    p = _planes(c)  # [plane, *batch, x2, J, *rest]
+    return jnp.transpose(p, [nb + 1, nb + 2, 0, *range(1, nb + 1), *range(nb + 3, p.ndim)])
+
+
+def forward_received(r: jax.Array, nb: int, norm: str | None) -> jax.Array:
+    """FFT over X of a received planar block `r[x2, j, plane, *batch(nb), *rest]` (chunk j from
+    shard j, `planes_to_send`) -> `y[*batch, KX, *rest]`."""
+    m, n = r.shape[:2]
+    batch, rest = r.shape[3 : 3 + nb], r.shape[3 + nb :]
+    scale = norm_factor(norm, n * m, inverse=False)
+    h = (_dft(n, -1)[:, :, None] * _twiddle(n, m, -1)[:, None, :]).transpose(2, 0, 1) * scale
+    hi = jax.lax.Precision.HIGHEST
+    h = jnp.asarray(_block(h, r.dtype, planes_minor=True))  # [x2, (k1, plane), (j, plane)]
+    u = jax.lax.dot_general(h, r.reshape(m, 2 * n, -1), (((2,), (1,)), ((0,), (0,))), precision=hi)
+    # u[x2, (k1, plane), ..]: the matmul over x2 leaves frequency k1 + n*k2 at [k2, k1]
+    y = _real_dft_rows(u.reshape(m, n, 2, -1), hi, plane_axis=2)  # [k2, k1, (*batch, *rest)]
+    return jnp.moveaxis(y.reshape(n * m, *batch, *rest), 0, nb)
 
 
 def inverse_to_chunks(y: jax.Array, n: int, nb: int, norm: str | None) -> jax.Array:

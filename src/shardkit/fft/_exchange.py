@@ -68,9 +68,10 @@ def send(blk, axis, n: int, order: list[int], split: int, out: list[int], nb: in
     return swap(t, axis)
 
 
-def swap(t, axis):
-    """Sends chunk `t[j]` to shard j of mesh axis `axis`; returns the chunks received."""
-    return jax.lax.all_to_all(t, axis, 0, 0, tiled=True)
+def swap(t, axis, dim: int = 0):
+    """Sends chunk `t[.., j, ..]` (`j` at `dim`) to shard j of mesh axis `axis`; returns the
+    chunks received, chunk j from shard j at the same place."""
+    return jax.lax.all_to_all(t, axis, dim, dim, tiled=True)
 
 
 def reassemble(t, order: list[int], concat: int, new: list[int], nb: int):
