@@ -177,6 +177,27 @@ def test_from_name():
         from_name("auto", mesh={"data": 8})
 
 
+def test_from_name_sets_the_zero_stage_of_the_fsdp_axis():
+    """`shardkit train --zero` runs the planner's ZeRO-1 rows (`fsdp=4 tensor=2 (ZeRO-1)`)."""
+    assert from_name("hybrid", mesh={"fsdp": 4, "tensor": 2}, zero=1) == Hybrid(
+        fsdp=4, tensor=2, zero=1
+    )
+    assert from_name("fsdp", zero=1) == FSDP(zero=1) and from_name("fsdp", zero=3) == FSDP()
+    assert from_name("zero1", zero=1) == FSDP(zero=1)
+    assert from_name("hybrid", mesh={"fsdp": 8}).zero == 3  # the default stays ZeRO-3
+    cases = [
+        ({"name": "fsdp", "zero": 2}, "--zero 2 is not a ZeRO stage.*fix: --zero 3"),
+        ({"name": "auto", "zero": 1}, "'auto' chooses the ZeRO stage.*fix: drop --zero 1"),
+        ({"name": "zero1", "zero": 3}, "'zero1' is ZeRO-1 but --zero 3.*fix"),
+        ({"name": "dp", "zero": 1}, "strategy 'dp' has not; fix: add an fsdp axis"),
+        ({"name": "hybrid", "zero": 1}, "data=-1,tensor=2 \\(its default\\) has not"),
+        ({"name": "hybrid", "mesh": {"data": 4, "tensor": 2}, "zero": 3}, "'tensor': 2}"),
+    ]
+    for kwargs, says in cases:
+        with pytest.raises(ValueError, match=says):
+            from_name(**kwargs)
+
+
 def test_bad_degrees_are_clear_errors():
     with pytest.raises(ValueError, match="zero=2 is not a supported ZeRO stage"):
         FSDP(zero=2)

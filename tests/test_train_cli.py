@@ -345,3 +345,21 @@ def test_a_profile_window_past_the_last_step_and_empty_token_files_are_refused(t
         TokenFile(path=str(tmp_path / "empty.npy"), seq_len=8)
     with pytest.raises(ValueError, match="is empty; fix"):
         TokenFile(path=str(tmp_path / "empty.txt"), seq_len=8)
+
+
+def test_zero_runs_a_zero1_row_from_the_command_line_and_toml(tmp_path, capsys):
+    """The planner ranks ZeRO-1 rows (`fsdp=4 tensor=2 (ZeRO-1)`); `--zero 1` runs them."""
+    from shardkit.strategies import Hybrid
+    from shardkit.train.command import parse_args
+    from shardkit.train.config import load
+    from shardkit.train.run import build_trainer
+
+    args = ["--strategy", "hybrid", "--mesh", "fsdp=4,tensor=2", "--zero", "1", "--steps", "2"]
+    trainer, _, _ = build_trainer(parse_args(args).settings)
+    assert trainer.strategy == Hybrid(fsdp=4, tensor=2, zero=1)
+    toml = tmp_path / "run.toml"
+    toml.write_text('strategy = "fsdp"\nzero = 1\n')
+    assert load(toml).zero == 1 and build_trainer(load(toml))[0].strategy.zero == 1
+    assert main(["train", "--strategy", "dp", "--zero", "1", "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "--zero 1 sets the ZeRO stage of the fsdp axis" in err and "fix:" in err

@@ -29,6 +29,34 @@ def _sequence_parallel(name: str, key: str, wanted: bool, overlap: bool) -> dict
     return out | ({"collective_matmul": True} if overlap else {})
 
 
+def _check_zero(name: str, key: str, mesh: Mapping[str, int], zero: int | None) -> None:
+    """A ZeRO stage applies to the "fsdp" axis of "fsdp" and "hybrid" (and is 1 for "zero1")."""
+    if zero is None:
+        return
+    if zero not in (1, 3):
+        raise ShardkitValueError(
+            f"--zero {zero} is not a ZeRO stage shardkit runs; fix: --zero 3 (params, grads and "
+            "optimizer state split over fsdp) or --zero 1 (only the optimizer state)."
+        )
+    if key == "auto":
+        raise ShardkitValueError(
+            f"strategy 'auto' chooses the ZeRO stage with the layout; fix: drop --zero {zero}, or "
+            f"run a layout yourself, e.g. --strategy hybrid --mesh fsdp=4,tensor=2 --zero {zero}."
+        )
+    if key == "zero1" and zero != 1:
+        raise ShardkitValueError(
+            f"strategy 'zero1' is ZeRO-1 but --zero {zero} was given; fix: --strategy fsdp "
+            f"--zero {zero}, or drop --zero."
+        )
+    if key in ("dp", "tp") or (key == "hybrid" and int(mesh.get("fsdp", 1)) == 1):
+        where = f" with mesh {dict(mesh) or 'data=-1,tensor=2 (its default)'}" * (key == "hybrid")
+        raise ShardkitValueError(
+            f"--zero {zero} sets the ZeRO stage of the fsdp axis, which strategy {name!r}{where} "
+            f"has not; fix: add an fsdp axis, e.g. --strategy hybrid --mesh fsdp=4,tensor=2 "
+            f"--zero {zero}."
+        )
+
+
 def from_name(
     name: str,
     *,
@@ -38,6 +66,7 @@ def from_name(
     residuals: str | None = None,
     sequence_parallel: bool = False,
     collective_matmul: bool = False,
+    zero: int | None = None,
 ):
     """Builds a strategy from a short name and optional mesh axis sizes.
 
@@ -55,16 +84,20 @@ def from_name(
             "hybrid"; "auto" passes it to the chosen layout when that has a tensor axis).
         collective_matmul: with sequence_parallel, the tensor-parallel matmuls as overlapped
             rings (`Hybrid(collective_matmul=True)`).
+        zero: ZeRO stage of the "fsdp" axis for "fsdp" and "hybrid" (3: parameters,
+            gradients and optimizer state split; 1: only the optimizer state); None: 3.
 
     Raises:
-        ValueError: for an unknown name or mesh axis, an axis the strategy does not use, or
-            pipeline options without a "stage" axis.
+        ValueError: for an unknown name or mesh axis, an axis the strategy does not use,
+            pipeline options without a "stage" axis, or a `zero` with no "fsdp" axis to apply to.
 
     Example:
         >>> from_name("hybrid", mesh={"fsdp": 4, "tensor": 2}).mesh_axes(8)
         {'fsdp': 4, 'tensor': 2}
         >>> from_name("hybrid", mesh={"data": 2, "stage": 4}, schedule="gpipe").pipeline.stages
         4
+        >>> from_name("hybrid", mesh={"fsdp": 4, "tensor": 2}, zero=1).zero
+        1
     """
     key = name.strip().lower()
     if key not in NAMES:
@@ -92,6 +125,8 @@ def from_name(
             "--mesh data=2,stage=4."
         )
     sp = _sequence_parallel(name, key, sequence_parallel, collective_matmul)
+    _check_zero(name, key, mesh, zero)
+    zero = 1 if key == "zero1" else (zero or 3)
     if key == "hybrid":
         degrees = mesh or {"data": -1, "tensor": 2}
         pipeline = None
@@ -104,6 +139,7 @@ def from_name(
             )
         return Hybrid(
             **{a: int(degrees.get(a, 1)) for a in MESH_AXES if a != "stage"},
+            zero=zero,
             pipeline=pipeline,
             **sp,
         )
@@ -127,4 +163,4 @@ def from_name(
         return DataParallel(data=size)
     if key == "tp":
         return TensorParallel(tensor=size, **sp)
-    return FSDP(fsdp=size, zero=1 if key == "zero1" else 3)
+    return FSDP(fsdp=size, zero=zero)

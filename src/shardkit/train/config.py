@@ -124,6 +124,9 @@ class TrainConfig:
     """Megatron sequence parallelism: norms and residuals on sequence slices over tensor."""
     collective_matmul: bool = False
     """with --sequence-parallel: tensor-parallel matmuls as rings overlapping their transfers."""
+    zero: Literal[1, 3] | None = None
+    """ZeRO stage of the fsdp axis (fsdp, hybrid): 3 splits params, grads and optimizer
+    state, 1 only the optimizer state; None: 3."""
     # optimisation
     steps: int = 300
     """training steps."""
@@ -174,7 +177,7 @@ class TrainConfig:
             value = getattr(self, name)
             if value is not None and value not in choices:
                 raise ShardkitValueError(
-                    f"{name}={value!r} is not one of {', '.join(choices)}; fix: "
+                    f"{name}={value!r} is not one of {', '.join(map(str, choices))}; fix: "
                     f"--{name.replace('_', '-')} {choices[0]}."
                 )
         for name, low in _AT_LEAST.items():

@@ -174,6 +174,7 @@ def build_trainer(cfg: TrainConfig, devices=None, *, planned=None):
         residuals=cfg.residuals,
         sequence_parallel=cfg.sequence_parallel,
         collective_matmul=cfg.collective_matmul,
+        zero=cfg.zero,
     )
     if isinstance(strategy, Auto):
         targets = list(jax.devices()[: cfg.devices] if devices is None else devices)
