@@ -57,6 +57,12 @@ def _check_zero(name: str, key: str, mesh: Mapping[str, int], zero: int | None) 
         )
 
 
+def _hybrid(degrees: Mapping[str, int], zero: int, pipeline, sp: dict) -> Hybrid:
+    """The `Hybrid` of mesh-axis `degrees` (the "stage" axis is the `pipeline`)."""
+    axes = {a: int(degrees.get(a, 1)) for a in MESH_AXES if a != "stage"}
+    return Hybrid(**axes, zero=zero, pipeline=pipeline, **sp)
+
+
 def from_name(
     name: str,
     *,
@@ -128,21 +134,11 @@ def from_name(
     _check_zero(name, key, mesh, zero)
     zero = 1 if key == "zero1" else (zero or 3)
     if key == "hybrid":
-        degrees = mesh or {"data": -1, "tensor": 2}
         pipeline = None
         if stages > 1:
-            pipeline = Pipeline(
-                stages=stages,
-                schedule=schedule,
-                microbatches=microbatches,
-                residuals=residuals or "recompute",
-            )
-        return Hybrid(
-            **{a: int(degrees.get(a, 1)) for a in MESH_AXES if a != "stage"},
-            zero=zero,
-            pipeline=pipeline,
-            **sp,
-        )
+            pipeline = Pipeline(stages=stages, schedule=schedule, microbatches=microbatches,
+                                residuals=residuals or "recompute")  # fmt: skip
+        return _hybrid(mesh or {"data": -1, "tensor": 2}, zero, pipeline, sp)
     if key == "auto":
         if mesh:
             raise ShardkitValueError(
