@@ -146,6 +146,13 @@ class Hardware:
             than one micro-batch (None: the weights' bytes). XLA:CPU with bf16 dots keeps
             both in bf16, as the weight-gradient dots produce them: 2 (measured on
             shardkit's pipeline executor, data=2 x stage=4, `cpu_habits`).
+        primitive_residuals: remat "none" stashes what JAX's linearisation keeps per
+            primitive (each norm's f32 input and square derivative, the softmax's f32 exp
+            next to the probabilities, five tanh-GELU tensors, the bf16 weight casts) and the
+            forward of the last block holds its f32 s x s temporaries and the causal mask's
+            hoisted f32 broadcast next to the full stash (`memory._primitive_stash`; measured
+            on shardkit's GPT under XLA:CPU, docs/plan.md). False: Korthikanti's per-tensor
+            count (GPU and TPU profiles, not measured there).
         source: where the figures come from.
     """
 
@@ -173,6 +180,7 @@ class Hardware:
     gathered_bytes: int | None = None
     norm_input_bytes: int | None = None
     accumulated_grad_bytes: int | None = None
+    primitive_residuals: bool = False
     source: str = ""
 
     def __post_init__(self):
@@ -349,7 +357,7 @@ _CPU_HABITS: dict[str, dict[str, int | None]] = {
     # (the GELU input) and every matmul output are f32
     "f32": dict(dot_output_bytes=4, activation_upcast=4, gathered_layers=1,
                 library_reduce_rows=4096, gathered_bytes=None, norm_input_bytes=None,
-                accumulated_grad_bytes=None),
+                accumulated_grad_bytes=None, primitive_residuals=True),
     # jax/jaxlib 0.12.0.1: bf16 dots run natively as bf16 YNNPACK fusions (bf16 operands and
     # result): the stash is bf16[2,16,16,64], gathered weights bf16[64,64], the MLP hidden
     # bf16 throughout; what the model itself computes in f32 stays f32: both norms' inputs
@@ -359,7 +367,7 @@ _CPU_HABITS: dict[str, dict[str, int | None]] = {
     # where 0.10 held f32[64,256] x 2, pipeline data=2 x stage=4)
     "bf16": dict(dot_output_bytes=None, activation_upcast=None, gathered_layers=1,
                  library_reduce_rows=4096, gathered_bytes=4, norm_input_bytes=4,
-                 accumulated_grad_bytes=2),
+                 accumulated_grad_bytes=2, primitive_residuals=True),
 }  # fmt: skip
 
 

@@ -333,12 +333,24 @@ def transformer_memory(
         w, micro_batch=b, tensor=tensor, remat=remat, sequence_parallel=sp,
         dot_bytes=dot_bytes or hw.dot_output_bytes, act_bytes=a,
     )  # fmt: skip
+    primitive = remat == "none" and bool(hw.primitive_residuals)
+    zero3 = fsdp > 1 and zero == 3
+    if primitive:  # JAX's linearisation keeps more than Korthikanti's tensors
+        per_layer, transient = _primitive_stash(
+            w, b=b, tensor=tensor, sp=sp, a=a, c=c, weights=0.0 if zero3 else layer_params
+        )
     stored = per_layer * local_layers * in_flight
     if stage > 1 and w.ends_on_every_stage:
         # shardkit's executor embeds all m micro-batches before the schedule and collects
         # their input cotangents after it: two [m, b, s, h] temporaries on every stage
         stored += 2 * m * c * w.seq * b * w.d_model
     working = _working_set(w, hw, b=b, tensor=tensor, remat=remat, sp=sp, a=a, c=c)
+    if primitive:
+        # the backward's s x s cotangents are f32, not the compute dtype's c bytes, and the
+        # hoisted mask stays live; the forward of the last block holds its own s x s
+        # temporaries next to the full stash: the peak takes the larger
+        s2 = w.heads * w.seq * w.seq * b / tensor if w.attention != "flash" else 0.0
+        working = max(working + (2 * 4 + 1 - c) * s2, transient)
     hidden = 2 * a * w.seq * b * w.d_model / (tensor if sp else 1)
     loss_phase = w.logits_bytes * w.seq * b * w.vocab / tensor + hidden
     # the loss (logits and their gradient) and the backward pass through a block happen
@@ -364,6 +376,52 @@ def transformer_memory(
         inputs=w.input_bytes_per_token * w.seq * b * m,
         gathered=gathered,
     )
+
+
+def _primitive_stash(
+    w: Any, *, b: int, tensor: int, sp: bool, a: int, c: int, weights: float
+) -> tuple[float, float]:
+    """(bytes one block stashes, the forward's s x s peak) under remat "none", as JAX keeps them.
+
+    JAX's linearisation saves every primitive's residuals, not the tensors of Korthikanti's
+    table, stacked per layer by the scan. For shardkit's GPT (docs/plan.md mechanism (8)):
+
+    - each RMS norm keeps four b x s x h tensors: its input upcast to f32, the f32 2x of
+      square's derivative, the normalised and the scaled output (compute dtype, `a` bytes);
+    - q, k, v and the attention output, as counted;
+    - the softmax keeps its f32 exp and the probabilities in the compute dtype (4 + c per
+      s x s element, where the table counts c); its causal mask is hoisted out of the loop
+      (1 byte, once);
+    - the tanh-GELU MLP keeps five b x s x F tensors (the up output, x^2 x 3, 1 - tanh^2,
+      the two products), not two;
+    - with a compute dtype narrower than the weights' (bf16 on fp32), the bf16 copies of the
+      block's matmul weights; in fp32 the q/k/v kernels stacked into one (`weights`: the
+      block's parameters on a device, 0 when ZeRO-3's gathered copies count them).
+
+    The forward of the last block holds the full stash, two f32 s x s temporaries and the
+    hoisted mask with its f32 -1e30 operand broadcast to b x heads x s x s: 13 bytes per
+    element. Gated MLPs, flash attention and dropout keep the table's counts (not measured).
+    """
+    c = max(c, a)
+    tok = w.seq * b
+    h, f = w.d_model, w.ff
+    qkv = tok * (w.q_width + 2 * w.kv_width)
+    repl = w.norms * (2 * 4 + 2 * a) * tok * h + (2 * tok * h if w.dropout else 0)
+    mlp = (3 if w.gated else 5) * c * tok * f
+    s2 = w.heads * w.seq * w.seq * b
+    if w.attention == "flash":
+        core, forward = 4 * tok * w.heads, 0.0
+    else:
+        core = (4 + c) * s2 + ((1 + c) * s2 if w.dropout else 0)
+        forward = (2 * 4 + 4 + 1) * s2 / tensor
+    if not weights:
+        copies = 0.0
+    elif get_precision(w.precision).params > c:
+        copies = weights * c  # the bf16 casts of every matmul weight
+    else:
+        copies = w.d_model * (w.q_width + 2 * w.kv_width) / tensor * c  # the q/k/v stack
+    split = c * qkv + c * tok * w.q_width + mlp + core
+    return repl / (tensor if sp else 1) + split / tensor + copies, forward
 
 
 def _working_set(w: Any, hw: Any, *, b: int, tensor: int, remat: str, sp: bool, a: int, c: int):
