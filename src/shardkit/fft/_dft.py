@@ -113,6 +113,13 @@ def _real_dft_rows(u: jax.Array, precision: Any, plane_axis: int = 1) -> jax.Arr
     return jnp.concatenate(rows)
 
 
+def _chunk_dft(n: int, m: int, norm: str | None) -> np.ndarray:
+    """Per x2, the forward n-point DFT over the chunk index with the twiddle and `norm`'s
+    scale folded in: `h[x2, k1, j]`, complex128 (N = n*m)."""
+    scale = norm_factor(norm, n * m, inverse=False)
+    return (_dft(n, -1)[:, :, None] * _twiddle(n, m, -1)[:, None, :]).transpose(2, 0, 1) * scale
+
+
 def forward_gathered(t: jax.Array, nb: int, norm: str | None, *, x_last: bool = False):
     """FFT over X of a received block `t[j, *batch(nb), x2, *rest]` -> `y[*batch, KX, *rest]`,
     or `y[*batch, *rest, KX]` with `x_last` (the transposed layout).
@@ -124,9 +131,7 @@ def forward_gathered(t: jax.Array, nb: int, norm: str | None, *, x_last: bool = 
     """
     n, m = t.shape[0], t.shape[nb + 1]
     batch, rest = t.shape[1 : nb + 1], t.shape[nb + 2 :]
-    scale = norm_factor(norm, n * m, inverse=False)
-    # per x2, F_n with the twiddle folded in: h[x2, k1, j]
-    h = (_dft(n, -1)[:, :, None] * _twiddle(n, m, -1)[:, None, :]).transpose(2, 0, 1) * scale
+    h = _chunk_dft(n, m, norm)
     hi = jax.lax.Precision.HIGHEST
     p = _planes(t)  # split in the copy that joins the received chunks
     h = jnp.asarray(_block(h, p.dtype, planes_minor=False))  # [x2, (plane, k1), (plane, j)]
@@ -162,8 +167,7 @@ def forward_received(r: jax.Array, nb: int, norm: str | None) -> jax.Array:
     shard j, `planes_to_send`) -> `y[*batch, KX, *rest]`."""
     m, n = r.shape[:2]
     batch, rest = r.shape[3 : 3 + nb], r.shape[3 + nb :]
-    scale = norm_factor(norm, n * m, inverse=False)
-    h = (_dft(n, -1)[:, :, None] * _twiddle(n, m, -1)[:, None, :]).transpose(2, 0, 1) * scale
+    h = _chunk_dft(n, m, norm)
     hi = jax.lax.Precision.HIGHEST
     h = jnp.asarray(_block(h, r.dtype, planes_minor=True))  # [x2, (k1, plane), (j, plane)]
     u = jax.lax.dot_general(h, r.reshape(m, 2 * n, -1), (((2,), (1,)), ((0,), (0,))), precision=hi)

@@ -49,7 +49,9 @@ def _check_zero(name: str, key: str, mesh: Mapping[str, int], zero: int | None) 
             f"--zero {zero}, or drop --zero."
         )
     if key in ("dp", "tp") or (key == "hybrid" and int(mesh.get("fsdp", 1)) == 1):
-        where = f" with mesh {dict(mesh) or 'data=-1,tensor=2 (its default)'}" * (key == "hybrid")
+        where = ""
+        if key == "hybrid":
+            where = f" with mesh {dict(mesh) or 'data=-1,tensor=2 (its default)'}"
         raise ShardkitValueError(
             f"--zero {zero} sets the ZeRO stage of the fsdp axis, which strategy {name!r}{where} "
             f"has not; fix: add an fsdp axis, e.g. --strategy hybrid --mesh fsdp=4,tensor=2 "
