@@ -4,6 +4,7 @@ Compiled figures come from XLA on 8 simulated CPU devices (real mesh) or an Abst
 closed-form references are computed here from parameter counts.
 """
 
+import dataclasses
 import json
 
 import jax
@@ -399,3 +400,19 @@ def test_data32_tensor8_at_8_micro_batches_verifies_every_kind():
         assert len(judged) >= 2
         for r in judged:
             assert r.compiled == pytest.approx(r.predicted, rel=0.05), (check.candidate.layout, r)
+
+
+def test_verify_judges_the_peak_without_remat_at_its_bound():
+    # remat "none" is judged at its own, wider bound (docs/plan.md, mechanism (8)): a row
+    # with a bound can fail, so its prediction is a claim `verify` checks, not a printout
+    from shardkit.verify import BOUNDS
+
+    w = Transformer.from_gpt_config(dataclasses.replace(CFG, remat="none"), batch=16)
+    p = plan(w, devices=8, hardware="cpu")
+    check = verify(p, candidates=[p.find(data=8, remat="none")], quiet=True).checks[0]
+    peak = check.row("peak")
+    assert peak.bound == BOUNDS["peak_none"] == 0.20
+    assert peak.ok, peak
+    p = plan(Transformer.from_gpt_config(CFG, batch=16), devices=8, hardware="cpu")
+    block = verify(p, candidates=[p.find(data=8, remat="block")], quiet=True).checks[0]
+    assert block.row("peak").bound == BOUNDS["peak"] == 0.15

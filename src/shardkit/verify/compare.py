@@ -39,8 +39,9 @@ gradients of the compute dtype (2 bytes in bf16). Those rows compare the Trainer
 (`trainer_collectives`) and the output says so: it is the step's own traffic, not an XLA:CPU
 habit; the planner's step time keeps 2.
 
-The peak bound applies to remat models (scanned blocks with "block" or "dots"); without remat
-the error is shown but not judged. Collective bytes are compared after undoing XLA:CPU's f32
+The peak is judged at 15% with remat "block" or "dots" and at 20% without remat
+(`BOUNDS["peak_none"]`: the stash JAX's linearisation keeps per primitive is modelled more
+coarsely, docs/plan.md mechanism (8)). Collective bytes are compared after undoing XLA:CPU's f32
 upcast of bf16 collectives and its all-reduce-then-slice for ZeRO gradients (see
 `shardkit.verify.measurement`); the output says so.
 
@@ -74,7 +75,15 @@ _F32_NOTE = (
     "pipelined layouts with a tensor axis are compiled and predicted in float32: XLA:CPU aborts "
     "compiling their bf16 step (a CHECK in its all-reduce promotion pass)"
 )
-BOUNDS = {"arguments": 0.01, "peak": 0.15, "collectives": 0.05, "flops": 0.05}
+# "peak_none": the peak without remat, whose stash follows JAX's linearisation per primitive
+# (docs/plan.md, mechanism (8)); it is modelled more coarsely than block and dots remat
+BOUNDS = {
+    "arguments": 0.01,
+    "peak": 0.15,
+    "peak_none": 0.20,
+    "collectives": 0.05,
+    "flops": 0.05,
+}
 _KINDS = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute")
 
 
@@ -361,7 +370,9 @@ def trainer_collectives(pred: Any, workload: Any) -> dict[str, float]:
 
 
 def _rows(pred: Any, m: Any, workload: Any = None) -> tuple[Row, ...]:
-    peak_bound = BOUNDS["peak"] if pred.remat in ("block", "dots") else None
+    peak_bound = {"block": BOUNDS["peak"], "dots": BOUNDS["peak"], "none": BOUNDS["peak_none"]}.get(
+        pred.remat
+    )
     rows = [
         Row("arguments", pred.argument_bytes, m.argument_bytes, BOUNDS["arguments"]),
         Row("peak", pred.peak_bytes, m.peak_bytes, peak_bound),
