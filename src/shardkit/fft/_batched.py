@@ -92,7 +92,10 @@ def _partitioned(
 
     rule = PT.kept_rule(len(shape), axes)
     op = PT.op(plan=plan, reference=reference, rule=rule, fname=fname, cotangent=cotangent)
-    return PT.linear(op, adjoint)
+    shifted = tuple(ax + 1 for ax in axes)  # the whole batch has the mapped dim first
+    return PT.linear(
+        op, adjoint, lambda b: _partitioned(b, shifted, norm, inverse, fname, cotangent)
+    )
 
 
 def batched_fftn(

@@ -271,7 +271,8 @@ def _partitioned(
 
     rule = PT.moved_rule(shape, out_shape, moves)
     op = PT.op(plan=plan, reference=reference, rule=rule, fname=fname, cotangent=cotangent)
-    return PT.linear(op, adjoint)
+    batched = lambda b: _partitioned(b, k, norm, layout, inverse, fname, cotangent)  # noqa: E731
+    return PT.linear(op, adjoint, batched)
 
 
 def _check_spectrum(entries: tuple, k: int, fname: str) -> None:

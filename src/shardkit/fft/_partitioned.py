@@ -238,12 +238,28 @@ def _specs(names: tuple[str, ...], ndim: int, used: int | None = None):
                 yield L.normalize(P(*(tuple(e) or None for e in entries)), ndim)
 
 
-def linear(op: Callable, adjoint: Callable[[], Callable]) -> Callable:
+def linear(
+    op: Callable, adjoint: Callable[[], Callable], batched: Callable[[tuple], Callable]
+) -> Callable:
     """`op`, a linear map, made differentiable in reverse mode: its VJP is `adjoint()(ct)`.
 
-    `adjoint` is called when the VJP runs, so two ops can be each other's adjoint. Forward mode
+    `adjoint` is called when the VJP runs, so two ops can be each other's adjoint. Under
+    `jax.vmap` around `jax.grad` the op's operand is mapped while the transform saw an unmapped
+    (differentiated) value, and a custom-partitioned op has no batching rule: a
+    `jax.custom_batching.custom_vmap` rule then runs `batched(shape)`, the op for the whole
+    batch of `shape` (the mapped dim first, one more leading batch dim). Forward mode
     (`jax.jvp`) does not go through a custom VJP; there the caller passes `spec=`.
     """
-    fn = jax.custom_vjp(op)
-    fn.defvjp(lambda a: (op(a), None), lambda _, ct: (adjoint()(ct),))
+
+    @jax.custom_batching.custom_vmap
+    def mapped(a):
+        return op(a)
+
+    @mapped.def_vmap
+    def _rule(axis_size, in_batched, a):
+        del axis_size, in_batched  # one operand, mapped (else the rule would not run)
+        return batched(tuple(a.shape))(a), True
+
+    fn = jax.custom_vjp(mapped)
+    fn.defvjp(lambda a: (mapped(a), None), lambda _, ct: (adjoint()(ct),))
     return fn

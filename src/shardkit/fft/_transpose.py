@@ -107,7 +107,11 @@ def _partitioned(shape: tuple, forward: bool, fname: str, cotangent: bool = Fals
         plan=plan, reference=lambda a: jnp.transpose(a, perm), rule=rule, fname=fname,
         cotangent=cotangent,
     )  # fmt: skip
-    return PT.linear(op, lambda: _partitioned(out_shape, not forward, fname, cotangent=True))
+    return PT.linear(
+        op,
+        lambda: _partitioned(out_shape, not forward, fname, cotangent=True),
+        lambda b: _partitioned(b, forward, fname, cotangent),
+    )
 
 
 def _transpose(x, *, forward: bool, spec, mesh, fname: str):
