@@ -103,7 +103,7 @@ def test_vmap_with_spec_inside_jit_on_auto_axes_reads_the_batch_axis(fn):
     ys = jax.jit(jax.vmap(lambda a: transform(a, spec=P("x", "y"))))(xs)
     numpy_fn = np.fft.fftn if fn == "pfft3d" else np.fft.rfftn
     assert _relerr(ys, numpy_fn(host.astype(np.float64), axes=(1, 2, 3))) < TOL
-    # forward mode needs spec= on Auto axes (docs), and goes through the same vmap rule
+    # forward mode with spec= goes through the same vmap rule
     mapped = jax.vmap(lambda a: transform(a, spec=P("x", "y")))
     primal, tangent = jax.jit(lambda a: jax.jvp(mapped, (a,), (a,)))(xs)
     assert _relerr(tangent, np.asarray(primal)) < TOL

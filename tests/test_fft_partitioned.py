@@ -361,3 +361,51 @@ def test_vmap_of_grad_without_spec_gives_per_example_gradients(fn):
     assert _relerr(got, np.asarray(want)) < 1e-5
     text = per_example.lower(xs, weights).compile().as_text()
     assert collective_counts(text).get("all-gather", 0) == 0
+
+
+@pytest.mark.parametrize("fn", list(PER_EXAMPLE))
+def test_forward_mode_without_spec_equals_jnp(fn):
+    # jax.jvp and a Hessian-vector product (forward over reverse) on a 2x4 pencil, and jax.vmap
+    # of jax.jvp over a batch sharded on a third mesh axis, inside jit on Auto axes, where the
+    # transform is a custom-partitioned op
+    op, reference, shape, spec = PER_EXAMPLE[fn]
+    rng = np.random.default_rng(8)
+    host, tangent = (rng.standard_normal((4, *shape)).astype(np.float32) for _ in range(2))
+
+    def loss(a, f):
+        y = f(a.astype(jnp.complex64))
+        return jnp.sum(jnp.abs(y) ** 2 + jnp.real(y) ** 3)
+
+    def single(f, x, t):  # the JVP and the Hessian-vector product of one element's loss
+        jvp = jax.jvp(lambda a: loss(a, f), (x,), (t,))[1]
+        return jvp, jax.jvp(jax.grad(lambda a: loss(a, f)), (x,), (t,))[1]
+
+    def mapped(f, xs, ts):
+        return jax.vmap(lambda a, t: jax.jvp(lambda b: loss(b, f), (a,), (t,))[1])(xs, ts)
+
+    pencil = NamedSharding(_mesh((2, 4)), P(*spec[1:]))
+    grid = jax.make_mesh((2, 2, 2), ("b", "x", "y"), axis_types=(AUTO,) * 3)
+    for run, args, sharding in [
+        (single, (host[0], tangent[0]), pencil),
+        (mapped, (host, tangent), NamedSharding(grid, spec)),
+    ]:
+        put = [jax.device_put(a, sharding) for a in args]
+        compiled = jax.jit(lambda a, t, run=run: run(op, a, t)).lower(*put).compile()
+        want = run(reference, *map(jnp.asarray, args))
+        for g, w in zip(jax.tree.leaves(compiled(*put)), jax.tree.leaves(want), strict=True):
+            assert _relerr(g, np.asarray(w)) < 1e-4, (fn, run.__name__)
+        assert collective_counts(compiled.as_text()).get("all-gather", 0) == 0
+
+
+def test_jacfwd_without_spec_is_the_dft_matrix():
+    # forward-mode Jacobian of a 2x4-pencil transform: column e_i is the DFT of a unit impulse
+    mesh = _mesh((2, 4))
+    x = jax.device_put(np.zeros((8, 8, 4), np.float32), NamedSharding(mesh, P("x", "y")))
+
+    def real_part(a):  # real outputs: jacfwd of a real function of a real input
+        return jnp.real(skfft.pfft3d(a.astype(jnp.complex64), norm="ortho"))
+
+    jac = jax.jit(jax.jacfwd(real_part))(x)  # [8, 8, 4 | 8, 8, 4]
+    eye = np.eye(256).reshape(256, 8, 8, 4)
+    want = np.real(np.fft.fftn(eye, axes=(1, 2, 3), norm="ortho")).reshape(256, 256).T
+    assert _relerr(np.asarray(jac).reshape(256, 256), want) < 1e-5

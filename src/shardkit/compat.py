@@ -21,6 +21,7 @@ __all__ = [
     "backend_started",
     "context_mesh",
     "distributed_client",
+    "is_reverse_over_vmap",
     "is_vmap_mapped",
     "scan_parts",
     "version_line",
@@ -88,6 +89,20 @@ def is_vmap_mapped(x: Any) -> bool:
     from jax._src.interpreters import batching  # private: no public vmap-tracer query
 
     return isinstance(x, batching.BatchTracer) and x.batch_dim is not None
+
+
+def is_reverse_over_vmap(x: Any) -> bool:
+    """Whether ``x`` is traced by reverse mode (``jax.grad``, ``jax.vjp``) inside a ``jax.vmap``
+    that maps its primal: per-example gradients, ``jax.vmap(jax.grad(f))``.
+
+    JAX 0.10.2–0.12 linearise reverse mode with ``LinearizeTracer`` (forward mode uses
+    ``JVPTracer``) and offer no public query for either; shardkit's FFTs need it because
+    ``jax.custom_derivatives.linear_call``, their transposable JVP, has no batching rule.
+    """
+    from jax._src.interpreters import ad  # private: no public "which autodiff mode" query
+
+    linearize = getattr(ad, "LinearizeTracer", None)
+    return linearize is not None and isinstance(x, linearize) and is_vmap_mapped(x.primal)
 
 
 def scan_parts(params: dict) -> tuple[int, int, Any, tuple]:

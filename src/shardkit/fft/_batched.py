@@ -76,7 +76,7 @@ def _partitioned(
     shape: tuple, axes: tuple, norm, inverse: bool, fname: str, cotangent: bool = False
 ):
     """The transform of a traced input on Auto mesh axes whose sharding XLA's partitioner
-    chooses (`_partitioned`); its VJP is the transform the other way (`PT.ADJOINT_NORM`),
+    chooses (`_partitioned`); its adjoint is the transform the other way (`PT.ADJOINT_NORM`),
     applied to a cotangent (`PT.op`'s `cotangent`)."""
 
     def plan(mesh, entries):

@@ -242,9 +242,9 @@ def validated(shape: tuple, entries: tuple, k: int, mesh, *, inverse, layout, fn
 def _partitioned(
     shape: tuple, k: int, norm, layout: str, inverse: bool, fname: str, cotangent: bool = False
 ):
-    """The custom-partitioned transform of a complex input of `shape`, with a custom VJP: the
-    transform the other way (`PT.ADJOINT_NORM`), which maps the cotangent back to the
-    argument's layout (`PT.op`'s `cotangent`)."""
+    """The custom-partitioned transform of a complex input of `shape`, differentiable and
+    batchable (`PT.linear`); its adjoint is the transform the other way (`PT.ADJOINT_NORM`),
+    which maps the cotangent back to the argument's layout (`PT.op`'s `cotangent`)."""
     nb = len(shape) - k
     out_shape = shape if layout == "natural" else L.roll(shape, k, -1 if inverse else 1)
     shift = int(layout == "natural")  # FFT dim i's mesh axis moves to dim i + shift

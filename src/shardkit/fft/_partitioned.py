@@ -7,7 +7,8 @@ pencil transposes, `batched_fftn`). Its sharding rule tells the partitioner how 
 sharding moves to the output (the mesh axis of FFT dim i moves to dim i + 1 in the natural
 layout); at compile time its partition callback receives the sharding the partitioner chose for
 the input, validates it with the checks of the eager route, and lowers the same per-shard
-program (`jax.shard_map`'s body) on each device. Each op is linear, with a custom VJP.
+program (`jax.shard_map`'s body) on each device. Each op is linear, differentiable in both
+modes and batchable (`linear`).
 
 A sharding rule maps dims through factors of equal size, but the sharding moves between dims of
 different sizes (X to Y). Each moved dim is therefore written as a compound factor whose major
@@ -24,10 +25,12 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+from jax.custom_derivatives import linear_call
 from jax.experimental.custom_partitioning import custom_partitioning
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from shardkit.compat import is_reverse_over_vmap, is_vmap_mapped
 from shardkit.errors import ShardkitValueError
 from shardkit.fft import _dft as D
 from shardkit.fft import _layout as L
@@ -241,14 +244,21 @@ def _specs(names: tuple[str, ...], ndim: int, used: int | None = None):
 def linear(
     op: Callable, adjoint: Callable[[], Callable], batched: Callable[[tuple], Callable]
 ) -> Callable:
-    """`op`, a linear map, made differentiable in reverse mode: its VJP is `adjoint()(ct)`.
+    """`op`, a linear map, made differentiable in both modes; its transpose is `adjoint()`.
 
-    `adjoint` is called when the VJP runs, so two ops can be each other's adjoint. Under
-    `jax.vmap` around `jax.grad` the op's operand is mapped while the transform saw an unmapped
-    (differentiated) value, and a custom-partitioned op has no batching rule: a
-    `jax.custom_batching.custom_vmap` rule then runs `batched(shape)`, the op for the whole
-    batch of `shape` (the mapped dim first, one more leading batch dim). Forward mode
-    (`jax.jvp`) does not go through a custom VJP; there the caller passes `spec=`.
+    A custom-partitioned op has no JVP, transpose or batching rule of its own, so:
+
+    - its JVP applies the op to the tangent (`jax.jvp`, `jax.jacfwd`), through
+      `jax.custom_derivatives.linear_call`, whose transpose is `adjoint()`: reverse mode
+      (`jax.grad`, `jax.vjp`) transposes that call. `adjoint` is called only then, so two ops
+      can be each other's adjoint;
+    - under `jax.vmap` (also around `jax.grad` or `jax.jvp`, where the transform saw one
+      differentiated element and the op's operand is mapped only here) a
+      `jax.custom_batching.custom_vmap` rule runs `batched(shape)`, the op for the whole batch
+      of `shape` (the mapped dim first, one more leading batch dim);
+    - `linear_call` has no batching rule, so a mapped tangent takes the op directly, and
+      reverse mode under `jax.vmap` (per-example gradients) goes through a custom VJP instead,
+      whose backward pass is `adjoint()` on the mapped cotangent.
     """
 
     @jax.custom_batching.custom_vmap
@@ -260,6 +270,22 @@ def linear(
         del axis_size, in_batched  # one operand, mapped (else the rule would not run)
         return batched(tuple(a.shape))(a), True
 
-    fn = jax.custom_vjp(mapped)
-    fn.defvjp(lambda a: (mapped(a), None), lambda _, ct: (adjoint()(ct),))
+    @jax.custom_jvp
+    def differentiable(a):
+        return mapped(a)
+
+    @differentiable.defjvp
+    def _jvp(primals, tangents):  # itself differentiable: higher orders call it again
+        (a,), (t,) = primals, tangents
+        if is_vmap_mapped(t):
+            return differentiable(a), differentiable(t)
+        transposed = lambda _, ct: adjoint()(ct)  # noqa: E731
+        return differentiable(a), linear_call(lambda _, v: differentiable(v), transposed, None, t)
+
+    per_example = jax.custom_vjp(differentiable)
+    per_example.defvjp(lambda a: (differentiable(a), None), lambda _, ct: (adjoint()(ct),))
+
+    def fn(a):
+        return per_example(a) if is_reverse_over_vmap(a) else differentiable(a)
+
     return fn

@@ -91,7 +91,7 @@ def _check(shape: tuple, entries: tuple, mesh, forward: bool, fname: str) -> Non
 @functools.lru_cache(maxsize=64)  # one op per signature: eager calls then hit jit's cache
 def _partitioned(shape: tuple, forward: bool, fname: str, cotangent: bool = False):
     """One step on a traced input on Auto mesh axes whose sharding XLA's partitioner chooses
-    (`_partitioned`); its VJP is the step the other way (a permutation's inverse), applied to
+    (`_partitioned`); its adjoint is the step the other way (a permutation's inverse), applied to
     a cotangent (`PT.op`'s `cotangent`)."""
     nb = len(shape) - 3
     batch = tuple(range(nb))
