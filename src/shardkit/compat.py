@@ -21,7 +21,7 @@ __all__ = [
     "backend_started",
     "context_mesh",
     "distributed_client",
-    "is_reverse_over_vmap",
+    "autodiff_over_vmap",
     "is_vmap_mapped",
     "scan_parts",
     "version_line",
@@ -91,18 +91,23 @@ def is_vmap_mapped(x: Any) -> bool:
     return isinstance(x, batching.BatchTracer) and x.batch_dim is not None
 
 
-def is_reverse_over_vmap(x: Any) -> bool:
-    """Whether ``x`` is traced by reverse mode (``jax.grad``, ``jax.vjp``) inside a ``jax.vmap``
-    that maps its primal: per-example gradients, ``jax.vmap(jax.grad(f))``.
+def autodiff_over_vmap(x: Any) -> str | None:
+    """``"reverse"`` when ``x`` is traced by ``jax.grad`` / ``jax.vjp``, ``"forward"`` by
+    ``jax.jvp``, inside a ``jax.vmap`` that maps its primal (per-example derivatives,
+    ``jax.vmap(jax.grad(f))``); None otherwise.
 
-    JAX 0.10.2–0.12 linearise reverse mode with ``LinearizeTracer`` (forward mode uses
-    ``JVPTracer``) and offer no public query for either; shardkit's FFTs need it because
-    ``jax.custom_derivatives.linear_call``, their transposable JVP, has no batching rule.
+    JAX 0.10.2–0.12 linearise reverse mode with ``LinearizeTracer`` and run forward mode with
+    ``JVPTracer``, and offer no public query for either; shardkit's FFTs need it because the
+    transform then sees one element, whose layout no longer names the mapped dim's mesh axes,
+    and ``jax.custom_derivatives.linear_call`` (their transposable JVP) has no batching rule.
     """
-    from jax._src.interpreters import ad  # private: no public "which autodiff mode" query
+    from jax._src.interpreters import ad  # private: no public "which autodiff trace" query
 
-    linearize = getattr(ad, "LinearizeTracer", None)
-    return linearize is not None and isinstance(x, linearize) and is_vmap_mapped(x.primal)
+    for mode, kind in (("reverse", "LinearizeTracer"), ("forward", "JVPTracer")):
+        tracer = getattr(ad, kind, None)
+        if tracer is not None and isinstance(x, tracer):
+            return mode if is_vmap_mapped(x.primal) else None
+    return None
 
 
 def scan_parts(params: dict) -> tuple[int, int, Any, tuple]:

@@ -51,6 +51,10 @@ def _run(x, axes, norm, spec, mesh, inverse, fname):
         shifted = tuple(ax + 1 for ax in axes)
         run = lambda a, spec, mesh: _run(a, shifted, norm, spec, mesh, inverse, fname)  # noqa: E731
         return V.call_batched(run, x, spec, mesh, jax.ShapeDtypeStruct(tuple(x.shape), dtype))
+    if V.differentiated(x):  # jax.grad or jax.jvp under jax.vmap: derivatives of the batch
+        run = lambda a: _run(a, axes, norm, spec, mesh, inverse, fname)  # noqa: E731
+        back = lambda c: _run(c, axes, PT.ADJOINT_NORM[norm], None, mesh, not inverse, fname)  # noqa: E731
+        return V.call_differentiated(run, PT.conjugated(back), x.astype(dtype))
     if PT.applies(x, spec):  # inside jit on Auto axes: XLA's partitioner lays x out
         return _partitioned(tuple(x.shape), axes, norm, inverse, fname)(x.astype(dtype))
     mesh, entries = L.resolve(x, spec, mesh, fname)

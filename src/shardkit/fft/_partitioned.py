@@ -30,7 +30,7 @@ from jax.experimental.custom_partitioning import custom_partitioning
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from shardkit.compat import is_reverse_over_vmap, is_vmap_mapped
+from shardkit.compat import is_vmap_mapped
 from shardkit.errors import ShardkitValueError
 from shardkit.fft import _dft as D
 from shardkit.fft import _layout as L
@@ -244,21 +244,21 @@ def _specs(names: tuple[str, ...], ndim: int, used: int | None = None):
 def linear(
     op: Callable, adjoint: Callable[[], Callable], batched: Callable[[tuple], Callable]
 ) -> Callable:
-    """`op`, a linear map, made differentiable in both modes; its transpose is `adjoint()`.
+    """`op`, a linear map, made differentiable in both modes and batchable; its transpose is
+    `adjoint()`.
 
     A custom-partitioned op has no JVP, transpose or batching rule of its own, so:
 
     - its JVP applies the op to the tangent (`jax.jvp`, `jax.jacfwd`), through
       `jax.custom_derivatives.linear_call`, whose transpose is `adjoint()`: reverse mode
       (`jax.grad`, `jax.vjp`) transposes that call. `adjoint` is called only then, so two ops
-      can be each other's adjoint;
-    - under `jax.vmap` (also around `jax.grad` or `jax.jvp`, where the transform saw one
-      differentiated element and the op's operand is mapped only here) a
-      `jax.custom_batching.custom_vmap` rule runs `batched(shape)`, the op for the whole batch
-      of `shape` (the mapped dim first, one more leading batch dim);
-    - `linear_call` has no batching rule, so a mapped tangent takes the op directly, and
-      reverse mode under `jax.vmap` (per-example gradients) goes through a custom VJP instead,
-      whose backward pass is `adjoint()` on the mapped cotangent.
+      can be each other's adjoint. The rule is itself differentiable (second order);
+    - a mapped operand (a tangent mapped by `jax.vmap` where the primal is not, or the op
+      called on a mapped value) takes a `jax.custom_batching.custom_vmap` rule, which runs
+      `batched(shape)`, the op for the whole batch of `shape` (the mapped dim first, one more
+      leading batch dim); `linear_call` has no batching rule, so a mapped tangent takes the op
+      directly. Derivatives whose primal is mapped (`jax.vmap(jax.grad(f))`) never reach the
+      op: the transform runs them on the whole batch first (`_vmap.call_differentiated`).
     """
 
     @jax.custom_batching.custom_vmap
@@ -282,10 +282,4 @@ def linear(
         transposed = lambda _, ct: adjoint()(ct)  # noqa: E731
         return differentiable(a), linear_call(lambda _, v: differentiable(v), transposed, None, t)
 
-    per_example = jax.custom_vjp(differentiable)
-    per_example.defvjp(lambda a: (differentiable(a), None), lambda _, ct: (adjoint()(ct),))
-
-    def fn(a):
-        return per_example(a) if is_reverse_over_vmap(a) else differentiable(a)
-
-    return fn
+    return differentiable

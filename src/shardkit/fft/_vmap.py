@@ -9,6 +9,11 @@ through `jax.custom_batching.custom_vmap`, whose rule receives the whole batch w
 dim first and runs the same transform on it, with the batch's own sharding (or the mapped dim's
 entry from `spmd_axis_name=`, or none) in front of the element's spec.
 
+Inside `jax.grad` or `jax.jvp` under `jax.vmap` (per-example derivatives) the transform sees a
+differentiated element instead, not a mapped one: `call_differentiated` then gives the
+derivative itself, as a custom JVP (the transform of the tangent) or VJP (the adjoint on the
+cotangent), whose rules see the mapped values and so take `call_batched`.
+
 Example:
     >>> mesh = jax.make_mesh((2, 2, 2), ("b", "x", "y"))
     >>> xs = jax.device_put(jnp.ones((4, 16, 16, 16)), NamedSharding(mesh, P("b", "x", "y")))
@@ -25,7 +30,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
-from shardkit.compat import is_vmap_mapped
+from shardkit.compat import autodiff_over_vmap, is_vmap_mapped
 from shardkit.fft import _layout as L
 
 Run = Callable[..., jax.Array]  # run(x, spec=..., mesh=...): a transform with its options bound
@@ -92,3 +97,31 @@ def call_batched(run: Run, x: Any, spec: P | None, mesh: Any, out: jax.ShapeDtyp
         return run(a, spec=full, mesh=mesh), True
 
     return transform(x)
+
+
+def differentiated(x: Any) -> bool:
+    """Whether `x` is traced by `jax.grad` or `jax.jvp` inside a `jax.vmap` that maps it."""
+    return autodiff_over_vmap(x) is not None
+
+
+def call_differentiated(run: Callable, adjoint: Callable, x: Any) -> jax.Array:
+    """`run(x)` for an `x` traced by `jax.grad` or `jax.jvp` inside a `jax.vmap` that maps it.
+
+    The transform sees one differentiated element, whose layout no longer names the mesh axes
+    of the mapped dim (so they would look unused). Its derivative is therefore given here, and
+    the values its rules see are the mapped ones, which `run` transforms as one batch
+    (`call_batched`): forward mode applies `run` to the tangent (the transform is linear),
+    reverse mode `adjoint` (the transform the other way) to the cotangent.
+
+    Args:
+        run: the transform with its options bound.
+        adjoint: its adjoint with its options bound (the VJP of a linear map).
+        x: the differentiated value (`differentiated(x)`).
+    """
+    if autodiff_over_vmap(x) == "reverse":
+        fn = jax.custom_vjp(run)
+        fn.defvjp(lambda a: (run(a), None), lambda _, ct: (adjoint(ct),))
+        return fn(x)
+    fn = jax.custom_jvp(run)
+    fn.defjvp(lambda primals, tangents: (run(primals[0]), run(tangents[0])))
+    return fn(x)
