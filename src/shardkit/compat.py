@@ -18,10 +18,10 @@ from typing import Any
 # installed-package metadata) answers without starting JAX.
 
 __all__ = [
+    "autodiff_over_vmap",
     "backend_started",
     "context_mesh",
     "distributed_client",
-    "autodiff_over_vmap",
     "is_vmap_mapped",
     "scan_parts",
     "version_line",

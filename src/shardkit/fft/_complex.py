@@ -209,10 +209,10 @@ def forward(x, *, k, norm, layout, spec, mesh, fname):
         run = functools.partial(forward, k=k, norm=norm, layout=layout, fname=fname)
         return V.call_batched(run, x, spec, mesh, jax.ShapeDtypeStruct(shape, dtype))
     if V.differentiated(x):  # jax.grad or jax.jvp under jax.vmap: derivatives of the batch
-        run = functools.partial(forward, k=k, norm=norm, layout=layout, spec=spec, mesh=mesh)
-        back = functools.partial(inverse, k=k, norm=PT.ADJOINT_NORM[norm], layout=layout)
-        back = PT.conjugated(functools.partial(back, spec=None, mesh=mesh, fname=fname))
-        return V.call_differentiated(functools.partial(run, fname=fname), back, x.astype(dtype))
+        options = dict(k=k, layout=layout, mesh=mesh, fname=fname)
+        run = functools.partial(forward, norm=norm, spec=spec, **options)
+        back = functools.partial(inverse, norm=PT.ADJOINT_NORM[norm], spec=None, **options)
+        return V.call_differentiated(run, PT.conjugated(back), x.astype(dtype))
     if PT.applies(x, spec):  # inside jit on Auto axes: XLA's partitioner lays x out
         return _partitioned(tuple(x.shape), k, norm, layout, False, fname)(x.astype(dtype))
     mesh, entries = L.resolve(x, spec, mesh, fname)
@@ -325,10 +325,10 @@ def inverse(y, *, k, norm, layout, spec, mesh, fname):
         run = functools.partial(inverse, k=k, norm=norm, layout=layout, fname=fname)
         return V.call_batched(run, y, spec, mesh, jax.ShapeDtypeStruct(shape, dtype))
     if V.differentiated(y):  # jax.grad or jax.jvp under jax.vmap: derivatives of the batch
-        run = functools.partial(inverse, k=k, norm=norm, layout=layout, spec=spec, mesh=mesh)
-        back = functools.partial(forward, k=k, norm=PT.ADJOINT_NORM[norm], layout=layout)
-        back = PT.conjugated(functools.partial(back, spec=None, mesh=mesh, fname=fname))
-        return V.call_differentiated(functools.partial(run, fname=fname), back, y)
+        options = dict(k=k, layout=layout, mesh=mesh, fname=fname)
+        run = functools.partial(inverse, norm=norm, spec=spec, **options)
+        back = functools.partial(forward, norm=PT.ADJOINT_NORM[norm], spec=None, **options)
+        return V.call_differentiated(run, PT.conjugated(back), y)
     if PT.applies(y, spec):  # inside jit on Auto axes: XLA's partitioner lays y out
         return _partitioned(tuple(y.shape), k, norm, layout, True, fname)(y)
     mesh, spec_entries = L.resolve(y, spec, mesh, fname)

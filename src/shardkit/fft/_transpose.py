@@ -123,8 +123,8 @@ def _transpose(x, *, forward: bool, spec, mesh, fname: str):
         return V.call_batched(run, x, spec, mesh, jax.ShapeDtypeStruct(shape, x.dtype))
     if V.differentiated(x):  # jax.grad or jax.jvp under jax.vmap: derivatives of the batch
         run = functools.partial(_transpose, forward=forward, spec=spec, mesh=mesh, fname=fname)
-        back = functools.partial(_transpose, forward=not forward, spec=None, mesh=mesh)
-        return V.call_differentiated(run, functools.partial(back, fname=fname), x)
+        back = functools.partial(_transpose, forward=not forward, spec=None, mesh=mesh, fname=fname)
+        return V.call_differentiated(run, back, x)
     if PT.applies(x, spec):  # inside jit on Auto axes: XLA's partitioner lays x out
         return _partitioned(tuple(x.shape), forward, fname)(x)
     mesh, given = L.resolve(x, spec, mesh, fname)
