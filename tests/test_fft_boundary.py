@@ -164,6 +164,11 @@ def test_vmap_of_grad_of_a_real_transform_names_the_way_to_per_example_gradients
 
     with pytest.raises(ValueError, match=r"jax.vmap of jax.grad.*jax.grad\(lambda xs: jnp.sum"):
         jax.jit(jax.vmap(jax.grad(loss)))(xs)
+    # a complex transform differentiated twice under jax.vmap refuses the same way
+    hvp = jax.vmap(lambda a: jax.jvp(jax.grad(lambda b: jnp.sum(jnp.real(
+        skfft.pfft3d(b)) ** 3)), (a,), (a,))[1])  # fmt: skip
+    with pytest.raises(ValueError, match=r"differentiated twice.*jax.grad\(lambda xs: jnp.sum"):
+        jax.jit(hvp)(xs)
     got = jax.jit(jax.grad(lambda a: jnp.sum(jax.vmap(loss)(a))))(xs)
     want = jax.vmap(jax.grad(lambda v: jnp.sum(jnp.abs(jnp.fft.rfftn(v)) ** 2)))(host)
     assert _relerr(got, np.asarray(want)) < TOL
