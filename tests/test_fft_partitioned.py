@@ -409,3 +409,18 @@ def test_jacfwd_without_spec_is_the_dft_matrix():
     eye = np.eye(256).reshape(256, 8, 8, 4)
     want = np.real(np.fft.fftn(eye, axes=(1, 2, 3), norm="ortho")).reshape(256, 256).T
     assert _relerr(np.asarray(jac).reshape(256, 256), want) < 1e-5
+
+
+@pytest.mark.parametrize("fn", ["pfft3d", "transpose_zy"])
+def test_linear_transpose_without_spec_equals_jnp(fn):
+    # jax.linear_transpose of the op: the adjoint, as jnp's transpose rules give it
+    mesh = _mesh((2, 4))
+    host = _data((8, 8, 4))
+    x = jax.device_put(host, NamedSharding(mesh, P("x", "y")))
+    op = getattr(skfft, fn)
+    reference = jnp.fft.fftn if fn == "pfft3d" else lambda a: jnp.transpose(a, (2, 0, 1))
+    ct = op(x)
+    got = jax.jit(lambda c: jax.linear_transpose(op, x)(c)[0])(ct)
+    want = jax.linear_transpose(reference, host)(np.asarray(ct))[0]
+    assert _relerr(got, np.asarray(want)) < 1e-5
+    assert got.sharding.is_equivalent_to(x.sharding, x.ndim)

@@ -244,19 +244,20 @@ def _specs(names: tuple[str, ...], ndim: int, used: int | None = None):
 def linear(
     op: Callable, adjoint: Callable[[], Callable], batched: Callable[[tuple], Callable]
 ) -> Callable:
-    """`op`, a linear map, made differentiable in both modes and batchable; its transpose is
-    `adjoint()`.
+    """`op`, a linear map, made differentiable in both modes, transposable and batchable; its
+    transpose is `adjoint()`.
 
     A custom-partitioned op has no JVP, transpose or batching rule of its own, so:
 
-    - its JVP applies the op to the tangent (`jax.jvp`, `jax.jacfwd`), through
-      `jax.custom_derivatives.linear_call`, whose transpose is `adjoint()`: reverse mode
-      (`jax.grad`, `jax.vjp`) transposes that call. `adjoint` is called only then, so two ops
-      can be each other's adjoint. The rule is itself differentiable (second order);
+    - it runs through `jax.custom_derivatives.linear_call`, whose transpose is `adjoint()`:
+      `jax.linear_transpose` and reverse mode (`jax.grad`, `jax.vjp`) take it. `adjoint` is
+      called only then, so two ops can be each other's adjoint;
+    - its JVP applies it to the tangent (`jax.jvp`, `jax.jacfwd`); the rule is itself
+      differentiable (second order);
     - a mapped operand (a tangent mapped by `jax.vmap` where the primal is not, or the op
       called on a mapped value) takes a `jax.custom_batching.custom_vmap` rule, which runs
       `batched(shape)`, the op for the whole batch of `shape` (the mapped dim first, one more
-      leading batch dim); `linear_call` has no batching rule, so a mapped tangent takes the op
+      leading batch dim); `linear_call` has no batching rule, so a mapped operand takes the op
       directly. Derivatives whose primal is mapped (`jax.vmap(jax.grad(f))`) never reach the
       op: the transform runs them on the whole batch first (`_vmap.call_differentiated`).
     """
@@ -272,14 +273,13 @@ def linear(
 
     @jax.custom_jvp
     def differentiable(a):
-        return mapped(a)
+        if is_vmap_mapped(a):
+            return mapped(a)
+        return linear_call(lambda _, v: mapped(v), lambda _, ct: adjoint()(ct), None, a)
 
     @differentiable.defjvp
     def _jvp(primals, tangents):  # itself differentiable: higher orders call it again
         (a,), (t,) = primals, tangents
-        if is_vmap_mapped(t):
-            return differentiable(a), differentiable(t)
-        transposed = lambda _, ct: adjoint()(ct)  # noqa: E731
-        return differentiable(a), linear_call(lambda _, v: differentiable(v), transposed, None, t)
+        return differentiable(a), differentiable(t)
 
     return differentiable
