@@ -307,10 +307,9 @@ def check_fft_entries(
             f"{fname}: mesh {mesh_shape} has axes {unused} that shard no dim of x (spec "
             f"{P(*entries)}), so their devices would redo the same transform. The transform "
             f"decomposes over at most {k - 1} mesh axes plus mesh axes on batch dims (under "
-            f"jax.vmap of jax.grad or jax.jvp a real transform, or any transform differentiated "
-            f"twice, sees one element and cannot tell that the mapped dim is sharded: "
-            f"differentiate the vmapped function "
-            f"instead, e.g. jax.grad(lambda xs: jnp.sum(jax.vmap(loss)(xs)))); fix: "
+            f"jax.vmap, a transform differentiated twice, as by jax.hessian, sees one element "
+            f"and cannot tell that the mapped dim is sharded: differentiate the vmapped "
+            f"function instead, e.g. jax.grad(lambda xs: jnp.sum(jax.vmap(loss)(xs)))); fix: "
             f"{_fix(_placed(entries, k, mesh_shape, tuple(unused)), tuple(unused))}"
         )
 

@@ -23,11 +23,13 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.sharding import PartitionSpec as P
 from jaxtyping import Array, Complex, Float
 
 from shardkit.errors import ShardkitTypeError, ShardkitValueError
 from shardkit.fft import _layout as L
+from shardkit.fft import _partitioned as PT
 from shardkit.fft import _vmap as V
 from shardkit.fft._exchange import exchange, to_trailing, trailing_order
 
@@ -166,6 +168,52 @@ def layout_of(shape: tuple, entries: tuple, mesh, layout: str) -> L.SpectralLayo
     return L.SpectralLayout(L.roll(kshape, 3, 1), P(*L.roll(nat, 3, 1)), L.roll(axes, 3, 1))
 
 
+def _half_weights(kz: int, z: int, value: float, layout: str, dtype) -> jax.Array:
+    """`value` along the half-spectrum dim KZ (of `kz` frequencies of a length-`z` real dim),
+    except 1 at frequency 0 and, for even `z`, at z/2: the frequencies the half spectrum holds
+    once rather than with their mirror image. Shaped to broadcast against a spectrum."""
+    w = np.full(kz, value)
+    w[0] = 1.0
+    if z % 2 == 0:
+        w[-1] = 1.0
+    return jnp.asarray(w if layout == "natural" else w[:, None], dtype)
+
+
+def _rfft_adjoint(ct, *, z: int, norm, layout: str, spec: P | None, mesh: Any):
+    """The VJP of `prfft3d` on cotangent `ct` (JAX's convention: the transpose of the linear
+    map): Re(F(ct padded to the full spectrum)), which is the inverse real transform of
+    conj(ct) with the mirrored frequencies halved (`_half_weights`)."""
+    w = _half_weights(ct.shape[-1 if layout == "natural" else -2], z, 0.5, layout, ct.real.dtype)
+    y = jnp.conj(ct) * w
+    return pirfft3d(y, n=z, norm=PT.ADJOINT_NORM[norm], layout=layout, spec=spec, mesh=mesh)
+
+
+def _irfft_adjoint(ct, *, kz: int, n: int, norm, layout: str, spec: P | None, mesh: Any):
+    """The VJP of `pirfft3d` on a real cotangent `ct`: the forward real transform, the
+    mirrored frequencies doubled (`_half_weights`), conjugated."""
+    y = prfft3d(ct, norm=PT.ADJOINT_NORM[norm], layout=layout, spec=spec, mesh=mesh)
+    return jnp.conj(y * _half_weights(kz, n, 2.0, layout, ct.dtype))
+
+
+def _spectrum_spec(x, spec: P | None, mesh: Any, layout: str, fname: str) -> P | None:
+    """The spec of the half spectrum of `x` sharded `spec` (None when `spec` is: the adjoint
+    then reads its cotangent's own)."""
+    if spec is None:
+        return None
+    mesh, entries = L.resolve(x, spec, mesh, fname)
+    return layout_of(tuple(x.shape), entries, mesh, layout).spec
+
+
+def _field_spec(y, spec: P | None, mesh: Any, layout: str, fname: str) -> P | None:
+    """The spec of the real field whose half spectrum `y` is sharded `spec` (or None)."""
+    if spec is None:
+        return None
+    mesh, entries = L.resolve(y, spec, mesh, fname)
+    entries = entries if layout == "natural" else L.roll(entries, 3, -1)
+    a, b = _original_ab(entries[-3:], dict(mesh.shape), fname)
+    return P(*entries[:-3], a, b, None)
+
+
 def prfft3d(
     x: Float[Array, "*batch x y z"],
     *,
@@ -224,6 +272,13 @@ def prfft3d(
         cdtype = jnp.complex128 if rdtype == jnp.float64 else jnp.complex64
         run = functools.partial(prfft3d, norm=norm, layout=layout)
         return V.call_batched(run, x, spec, mesh, jax.ShapeDtypeStruct(kshape, cdtype))
+    if V.differentiated(x):  # jax.grad or jax.jvp under jax.vmap: derivatives of the batch
+        run = functools.partial(prfft3d, norm=norm, layout=layout, spec=spec, mesh=mesh)
+        kspec = _spectrum_spec(x, spec, mesh, layout, fname)
+        back = functools.partial(
+            _rfft_adjoint, z=x.shape[-1], norm=norm, layout=layout, spec=kspec, mesh=mesh
+        )
+        return V.call_differentiated(run, back, x.astype(rdtype))
     mesh, entries = L.resolve(x, spec, mesh, fname)
     L.check_fft_entries(entries, mesh, 3, fname, shape=tuple(x.shape))
     batch, a, b = entries[:-3], entries[-3], entries[-2]
@@ -308,6 +363,15 @@ def pirfft3d(
         rdtype = jnp.float64 if cdtype == jnp.complex128 else jnp.float32
         run = functools.partial(pirfft3d, n=n, norm=norm, layout=layout)
         return V.call_batched(run, y, spec, mesh, jax.ShapeDtypeStruct(shape, rdtype))
+    if V.differentiated(y):  # jax.grad or jax.jvp under jax.vmap: derivatives of the batch
+        kz = y.shape[-1 if layout == "natural" else -2]
+        n = 2 * (kz - 1) if n is None else n
+        run = functools.partial(pirfft3d, n=n, norm=norm, layout=layout, spec=spec, mesh=mesh)
+        fspec = _field_spec(y, spec, mesh, layout, fname)
+        back = functools.partial(
+            _irfft_adjoint, kz=kz, n=n, norm=norm, layout=layout, spec=fspec, mesh=mesh
+        )
+        return V.call_differentiated(run, back, y)
     mesh, entries = L.resolve(y, spec, mesh, fname)
     kshape = tuple(y.shape)
     if layout == "transposed":
