@@ -135,6 +135,9 @@ def test_grid_slogdet_matches_single_device():
         s_ref, l_ref = jnp.linalg.slogdet(a)
         assert float(sign) == float(s_ref)
         np.testing.assert_allclose(logdet, l_ref, rtol=1e-5)
+        # det takes grid= as slogdet does (it raised TypeError)
+        d = sl.det(a / 2, mesh=mesh, block_size=4, grid=GRID)
+        np.testing.assert_allclose(d, jnp.linalg.det(a / 2), rtol=1e-4)
 
 
 def test_block_cyclic_2d_layout_round_trip(axis_type):

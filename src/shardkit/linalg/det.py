@@ -181,6 +181,7 @@ def det(
     block_size: int | None = None,
     mesh: Mesh | None = None,
     axis_names: str | Sequence[str] | None = None,
+    grid: tuple[str, str] | None = None,
 ) -> jax.Array:
     """Determinant of a distributed square matrix, ``sign * exp(logabsdet)``.
 
@@ -189,6 +190,7 @@ def det(
     Args:
         a: (N, N) matrix or its :class:`~shardkit.linalg.LUFactors`.
         block_size, mesh, axis_names: passed to :func:`~shardkit.linalg.lu`.
+        grid: ``(row_axis, col_axis)`` to factor on a 2-D process grid.
 
     Returns:
         The determinant, a replicated scalar (0 for an exactly singular matrix).
@@ -201,5 +203,7 @@ def det(
 
     See also: :func:`slogdet`.
     """
-    sign, logabsdet = slogdet(a, block_size=block_size, mesh=mesh, axis_names=axis_names)
+    sign, logabsdet = slogdet(
+        a, block_size=block_size, mesh=mesh, axis_names=axis_names, grid=grid
+    )
     return sign * jnp.exp(logabsdet)
