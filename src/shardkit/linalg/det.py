@@ -203,7 +203,5 @@ def det(
 
     See also: :func:`slogdet`.
     """
-    sign, logabsdet = slogdet(
-        a, block_size=block_size, mesh=mesh, axis_names=axis_names, grid=grid
-    )
+    sign, logabsdet = slogdet(a, block_size=block_size, mesh=mesh, axis_names=axis_names, grid=grid)
     return sign * jnp.exp(logabsdet)
