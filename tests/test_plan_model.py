@@ -508,3 +508,19 @@ def test_collective_matmul_hides_ring_traffic_behind_the_blocks_matmuls():
     assert wide.comm_time["tensor"] > 2 * cm.comm_time["tensor"]
     with pytest.raises(ValueError, match="sequence_parallel=True, collective_matmul=True"):
         plan(w, devices=8, hardware="h100", collective_matmul=True)
+
+
+@pytest.mark.parametrize("workload,devices,hardware", [
+    ("llama3-8b", 8, "cpu"), ("llama3-8b", 8, "h100"), ("gpt3-175b", 64, "a100"),
+])  # fmt: skip
+def test_devices_sharing_a_chip_take_n_times_as_long_in_the_same_order(workload, devices, hardware):
+    # simulated CPU devices time-share the host: every predicted time scales, no row moves
+    hw = get_hardware(hardware)
+    alone = plan(workload, devices=devices, hardware=hw, batch=16 * devices)
+    shared = plan(workload, devices=devices, hardware=hw.shared_by(8), batch=16 * devices)
+    assert [c.layout for c in shared.top(10)] == [c.layout for c in alone.top(10)]
+    for a, s in zip(alone.top(10), shared.top(10), strict=True):
+        assert s.step_time == pytest.approx(8 * a.step_time, rel=1e-9)
+        assert s.peak_bytes == a.peak_bytes
+    with pytest.raises(ValueError, match="shared_by.*devices >= 1"):
+        hw.shared_by(0)

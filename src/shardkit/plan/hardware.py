@@ -28,8 +28,9 @@ Sources (figures as collected in the project's planner notes):
   `memory_fraction` is that capacity over `hbm_bytes`; the GPUs keep 0.9 for their runtimes'
   allocators.
 * CPU: this machine (`lscpu`: 2 AMD EPYC cores at 2.6 GHz with AVX-512 FMA, i.e. 2 x 2.6e9 x
-  32 FLOP/cycle in f32; XLA:CPU runs bf16 matmuls at about f32 speed). Simulated devices share
-  these cores: the profile exists to plan the tests' 8-device meshes, not to predict speed.
+  32 FLOP/cycle in f32; XLA:CPU runs bf16 matmuls at about f32 speed) as one device. Simulated
+  devices time-share these cores: `Auto` and `shardkit train` divide the profile among them
+  (`Hardware.shared_by`).
 
 Achievable fractions are parameters (`Hardware.replace(mfu_ceiling=...)`):
 
@@ -240,6 +241,32 @@ class Hardware:
     def replace(self, **changes) -> Hardware:
         """A copy with some fields changed, e.g. `replace(mfu_ceiling=0.4)`."""
         return dataclasses.replace(self, **changes)
+
+    def shared_by(self, devices: int) -> Hardware:
+        """The profile of each of `devices` devices that time-share this one's chip, as the
+        simulated CPU devices of one process do (`--xla_force_host_platform_device_count`:
+        their threads run on the same cores and memory): its peak FLOP/s and bandwidths
+        divided among them, its collective latencies multiplied, so every time the planner
+        predicts is `devices` times longer and its ranking of layouts does not change. Its
+        memory (`hbm_bytes`) is left as it is.
+
+        Example:
+            >>> cpu = get_hardware("cpu")
+            >>> cpu.shared_by(8).peak("fp32") == cpu.peak("fp32") / 8
+            True
+        """
+        if devices < 1:
+            raise ShardkitValueError(
+                f"Hardware {self.name!r}: shared_by(devices={devices}) needs devices >= 1; fix: "
+                "pass the number of devices that share the chip (1 or more)."
+            )
+        share = 1.0 / devices
+        return self.replace(
+            peak_flops={k: v * share for k, v in self.peak_flops.items()},
+            hbm_bw=self.hbm_bw * share, intra_bw=self.intra_bw * share,
+            inter_bw=self.inter_bw * share, latency_intra=self.latency_intra * devices,
+            latency_inter=self.latency_inter * devices,
+        )  # fmt: skip
 
 
 _DTYPE_ALIASES = {"bfloat16": "bf16", "float32": "fp32", "f32": "fp32", "float8": "fp8"}

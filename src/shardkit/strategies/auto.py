@@ -75,6 +75,8 @@ class Auto:
         if name is None:
             name = hardware_for(list(jax.devices() if devices is None else devices))
         hw = get_hardware(name)
+        if name == "cpu":  # simulated devices share the host's cores and memory bandwidth
+            hw = hw.shared_by(jax.local_device_count())
         memory = self.memory_per_device
         if memory is None and name == "cpu":  # simulated devices share the host's memory
             memory = _host_bytes() / jax.local_device_count() or None

@@ -17,7 +17,7 @@ from shardkit.common import format_bytes
 from shardkit.inspection import inspect
 from shardkit.inspection.hlo import collective_counts, parse_shape
 from shardkit.plan import Transformer, evaluate
-from shardkit.plan.hardware import hardware_for
+from shardkit.strategies.auto import Auto
 
 __all__ = ["audit_step", "predicted_vs_measured", "strategy_owned"]
 
@@ -143,8 +143,8 @@ def predicted_vs_measured(run, tok_s: float, mfu: float | None) -> dict[str, str
         workload = Transformer.from_gpt_config(
             run.model_cfg, batch=run.cfg.batch, precision=run.cfg.precision
         )
-        profile = hardware_for(run.devices)
-        c = evaluate(workload, profile, remat=run.model_cfg.remat, **run.trainer.bound.layout())
+        hw = Auto().profile(run.devices)  # the profile `--strategy auto` plans with
+        c = evaluate(workload, hw, remat=run.model_cfg.remat, **run.trainer.bound.layout())
     except (ValueError, KeyError) as e:  # a layout or device the planner has no model of
         return {"predicted (planner)": f"n/a ({type(e).__name__}: {str(e)[:80]})"}
     tokens = run.cfg.batch * run.model_cfg.seq_len
@@ -153,7 +153,7 @@ def predicted_vs_measured(run, tok_s: float, mfu: float | None) -> dict[str, str
         "step time": f"{step * 1e3:.2f} ms measured (median) vs {c.step_time * 1e3:.2f} ms "
         f"predicted: measured / predicted = {step / c.step_time:.2f}",
         "tokens/s vs predicted": f"{tok_s:,.0f} measured vs {tokens / c.step_time:,.0f} "
-        f"predicted (planner's {profile!r} profile)",
+        f"predicted (planner's {hw.name!r} profile)",
     }
     if mfu is not None:
         out["MFU vs predicted"] = f"{mfu:.1%} measured vs {c.mfu:.1%} predicted"
