@@ -70,16 +70,17 @@ class Auto:
 
     def profile(self, devices: Sequence[Any] | None = None) -> Hardware:
         """The hardware profile planned for: `hardware`, else that of `devices` (default all),
-        with `memory_per_device` applied."""
+        with `memory_per_device` applied. The `cpu` profile is divided among the process's
+        simulated devices (`Hardware.shared_by`), which time-share the host."""
         name = self.hardware
         if name is None:
             name = hardware_for(list(jax.devices() if devices is None else devices))
         hw = get_hardware(name)
-        if name == "cpu":  # simulated devices share the host's cores and memory bandwidth
-            hw = hw.shared_by(jax.local_device_count())
         memory = self.memory_per_device
-        if memory is None and name == "cpu":  # simulated devices share the host's memory
-            memory = _host_bytes() / jax.local_device_count() or None
+        if name == "cpu":  # simulated devices time-share the host's cores and memory
+            hw = hw.shared_by(jax.local_device_count())
+            if memory is None:
+                memory = _host_bytes() / jax.local_device_count() or None
         if self.fraction is not None:
             memory = (memory or hw.hbm_bytes) * self.fraction
         return hw if memory is None else hw.replace(hbm_bytes=int(memory))
