@@ -94,7 +94,9 @@ def is_vmap_mapped(x: Any) -> bool:
 def autodiff_over_vmap(x: Any) -> str | None:
     """``"reverse"`` when ``x`` is traced by ``jax.grad`` / ``jax.vjp``, ``"forward"`` by
     ``jax.jvp``, inside a ``jax.vmap`` that maps its primal (per-example derivatives,
-    ``jax.vmap(jax.grad(f))``); None otherwise.
+    ``jax.vmap(jax.grad(f))``), directly or through other autodiff levels (second
+    derivatives: a Hessian-vector product ``jax.jvp(jax.grad(f), ...)`` under ``jax.vmap``);
+    None otherwise.
 
     JAX 0.10.2–0.12 linearise reverse mode with ``LinearizeTracer`` and run forward mode with
     ``JVPTracer``, and offer no public query for either; shardkit's FFTs need it because the
@@ -106,7 +108,8 @@ def autodiff_over_vmap(x: Any) -> str | None:
     for mode, kind in (("reverse", "LinearizeTracer"), ("forward", "JVPTracer")):
         tracer = getattr(ad, kind, None)
         if tracer is not None and isinstance(x, tracer):
-            return mode if is_vmap_mapped(x.primal) else None
+            inner = x.primal  # the level below: a vmapped value, or one more autodiff level
+            return mode if is_vmap_mapped(inner) or autodiff_over_vmap(inner) else None
     return None
 
 

@@ -193,7 +193,9 @@ def _unknown_layout(x: Any, mesh: Any, fname: str) -> str:
         where = "a traced value on Auto mesh axes" if _is_tracer(x) else "an unsharded array"
         return (
             f"{fname}: {arg} (shape {shape}) is {where}, so its layout is unknown; the "
-            f"transform needs {arg} sharded over a mesh; fix: "
+            f"transform needs {arg} sharded over a mesh (under jax.vmap, jax.hessian and "
+            f"jax.jacfwd make such values, their tangent basis: take Hessian-vector products "
+            f"there, jax.jvp(jax.grad(loss), (x,), (v,)), which run per example); fix: "
             f"{arg} = jax.device_put({arg}, NamedSharding(mesh, P('x', 'y'))), or inside jit on "
             f"Auto axes pass spec=P('x', 'y') and mesh=mesh (or use jax.set_mesh(mesh))."
         )
@@ -307,9 +309,9 @@ def check_fft_entries(
             f"{fname}: mesh {mesh_shape} has axes {unused} that shard no dim of x (spec "
             f"{P(*entries)}), so their devices would redo the same transform. The transform "
             f"decomposes over at most {k - 1} mesh axes plus mesh axes on batch dims (under "
-            f"jax.vmap, a transform differentiated twice, as by jax.hessian, sees one element "
-            f"and cannot tell that the mapped dim is sharded: differentiate the vmapped "
-            f"function instead, e.g. jax.grad(lambda xs: jnp.sum(jax.vmap(loss)(xs)))); fix: "
+            f"jax.vmap, jax.hessian and jax.jacfwd differentiate along a tangent basis whose "
+            f"layout drops the mapped dim's mesh axes: take Hessian-vector products there, "
+            f"jax.jvp(jax.grad(loss), (x,), (v,)), which run per example); fix: "
             f"{_fix(_placed(entries, k, mesh_shape, tuple(unused)), tuple(unused))}"
         )
 
