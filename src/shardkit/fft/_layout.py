@@ -191,11 +191,14 @@ def _unknown_layout(x: Any, mesh: Any, fname: str) -> str:
     shape = tuple(x.shape)
     if not _is_tracer(x) or mesh is None:
         where = "a traced value on Auto mesh axes" if _is_tracer(x) else "an unsharded array"
+        basis = (
+            " (under jax.vmap, jax.hessian and jax.jacfwd make such values, their tangent "
+            "basis: take Hessian-vector products there, jax.jvp(jax.grad(loss), (x,), (v,)), "
+            "which run per example)"
+        )
         return (
             f"{fname}: {arg} (shape {shape}) is {where}, so its layout is unknown; the "
-            f"transform needs {arg} sharded over a mesh (under jax.vmap, jax.hessian and "
-            f"jax.jacfwd make such values, their tangent basis: take Hessian-vector products "
-            f"there, jax.jvp(jax.grad(loss), (x,), (v,)), which run per example); fix: "
+            f"transform needs {arg} sharded over a mesh{basis if _is_tracer(x) else ''}; fix: "
             f"{arg} = jax.device_put({arg}, NamedSharding(mesh, P('x', 'y'))), or inside jit on "
             f"Auto axes pass spec=P('x', 'y') and mesh=mesh (or use jax.set_mesh(mesh))."
         )
