@@ -8,7 +8,7 @@ from flax import nnx
 from jax.sharding import PartitionSpec as P
 
 from shardkit.models import GPT, GPTConfig, logical_axes
-from shardkit.plan import DoesNotFitError, Transformer, evaluate, plan
+from shardkit.plan import DoesNotFitError, Transformer, evaluate, get_hardware, plan
 from shardkit.strategies import (
     FSDP,
     Auto,
@@ -144,6 +144,10 @@ def test_auto_is_the_planner(gpt):
     # the 8 simulated devices share the host's memory: each gets an eighth of it
     host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     assert Auto().profile().hbm_bytes == pytest.approx(host / 8, rel=1e-6)
+    # ... and its cores: the devices that run divide the cpu profile's peak among them
+    cpu = get_hardware("cpu")
+    assert Auto().profile().peak("fp32") == pytest.approx(cpu.peak("fp32") / 8)
+    assert Auto().profile(jax.devices()[:2]).peak("fp32") == pytest.approx(cpu.peak("fp32") / 2)
     # any pytree: a Dense model of its parameters; less memory moves it to ZeRO-3
     s, why = Auto().choose(params, n_devices=8)
     assert s.fsdp == 8 and s.zero == 1 and "ZeRO-1" in why

@@ -70,15 +70,15 @@ class Auto:
 
     def profile(self, devices: Sequence[Any] | None = None) -> Hardware:
         """The hardware profile planned for: `hardware`, else that of `devices` (default all),
-        with `memory_per_device` applied. The `cpu` profile is divided among the process's
-        simulated devices (`Hardware.shared_by`), which time-share the host."""
-        name = self.hardware
-        if name is None:
-            name = hardware_for(list(jax.devices() if devices is None else devices))
+        with `memory_per_device` applied. The `cpu` profile is divided among this process's
+        devices that run (`Hardware.shared_by`): simulated devices time-share the host."""
+        devs = list(jax.devices() if devices is None else devices)
+        name = self.hardware if self.hardware is not None else hardware_for(devs)
         hw = get_hardware(name)
         memory = self.memory_per_device
-        if name == "cpu":  # simulated devices time-share the host's cores and memory
-            hw = hw.shared_by(jax.local_device_count())
+        if hw.name == "cpu":  # simulated devices time-share the host's cores and memory
+            running = sum(d.process_index == jax.process_index() for d in devs)
+            hw = hw.shared_by(max(running, 1))
             if memory is None:
                 memory = _host_bytes() / jax.local_device_count() or None
         if self.fraction is not None:
