@@ -100,7 +100,8 @@ def call_batched(run: Run, x: Any, spec: P | None, mesh: Any, out: jax.ShapeDtyp
 
 
 def differentiated(x: Any) -> bool:
-    """Whether `x` is traced by `jax.grad` or `jax.jvp` inside a `jax.vmap` that maps it."""
+    """Whether `x` is traced by `jax.grad` or `jax.jvp` inside a `jax.vmap` that maps it,
+    directly or through more autodiff levels (a Hessian-vector product under `jax.vmap`)."""
     return autodiff_over_vmap(x) is not None
 
 
