@@ -168,6 +168,11 @@ def layout_of(shape: tuple, entries: tuple, mesh, layout: str) -> L.SpectralLayo
     return L.SpectralLayout(L.roll(kshape, 3, 1), P(*L.roll(nat, 3, 1)), L.roll(axes, 3, 1))
 
 
+def _kz_dim(layout: str) -> int:
+    """The dim of the half spectrum's KZ frequencies in `layout`: last, or next to last."""
+    return -1 if layout == "natural" else -2
+
+
 def _half_weights(kz: int, z: int, value: float, layout: str, dtype) -> jax.Array:
     """`value` along the half-spectrum dim KZ (of `kz` frequencies of a length-`z` real dim),
     except 1 at frequency 0 and, for even `z`, at z/2: the frequencies the half spectrum holds
@@ -183,7 +188,7 @@ def _rfft_adjoint(ct, *, z: int, norm, layout: str, spec: P | None, mesh: Any):
     """The VJP of `prfft3d` on cotangent `ct` (JAX's convention: the transpose of the linear
     map): Re(F(ct padded to the full spectrum)), which is the inverse real transform of
     conj(ct) with the mirrored frequencies halved (`_half_weights`)."""
-    w = _half_weights(ct.shape[-1 if layout == "natural" else -2], z, 0.5, layout, ct.real.dtype)
+    w = _half_weights(ct.shape[_kz_dim(layout)], z, 0.5, layout, ct.real.dtype)
     y = jnp.conj(ct) * w
     return pirfft3d(y, n=z, norm=PT.ADJOINT_NORM[norm], layout=layout, spec=spec, mesh=mesh)
 
@@ -364,7 +369,7 @@ def pirfft3d(
         run = functools.partial(pirfft3d, n=n, norm=norm, layout=layout)
         return V.call_batched(run, y, spec, mesh, jax.ShapeDtypeStruct(shape, rdtype))
     if V.differentiated(y):  # jax.grad or jax.jvp under jax.vmap: derivatives of the batch
-        kz = y.shape[-1 if layout == "natural" else -2]
+        kz = y.shape[_kz_dim(layout)]
         n = 2 * (kz - 1) if n is None else n
         run = functools.partial(pirfft3d, n=n, norm=norm, layout=layout, spec=spec, mesh=mesh)
         fspec = _field_spec(y, spec, mesh, layout, fname)
