@@ -4,6 +4,8 @@ Every case compares with one device computing the whole batch at once (grad_accu
 float32 sums in another order: losses agree to ~1e-6, gradients to 2e-5 relative.
 """
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
@@ -103,3 +105,32 @@ def test_a_model_with_state_reduces_per_micro_batch_and_says_why():
     batch = {"x": rng.normal(size=(16, 8)).astype("f4"), "y": rng.normal(size=(16, 4)).astype("f4")}
     state, metrics = trainer.step(state, trainer.place_batch(batch))
     assert np.isfinite(float(metrics["loss"]))
+
+
+def _class_frequencies(params, batch):
+    """A linear classifier whose metrics are a vector (class frequencies) and a matrix."""
+    logits = batch["x"] @ params["w"]
+    loss = optax.softmax_cross_entropy_with_integer_labels(logits, batch["y"]).mean()
+    freq = jnp.stack([jnp.mean(batch["y"] == c) for c in range(4)])
+    return loss, {"class_freq": freq, "outer": jnp.outer(freq, freq), "loss_copy": loss}
+
+
+@pytest.mark.parametrize("name", ["dp", "zero1", "zero3", "hybrid-zero1"])
+def test_vector_metrics_are_averaged_over_micro_batches_not_summed_over_elements(name):
+    rng = np.random.default_rng(0)
+    batch = {"x": rng.normal(size=(32, 16)).astype("f4"), "y": rng.integers(0, 4, 32)}
+    batch["y"] = batch["y"].astype("i4")
+    want = np.bincount(batch["y"], minlength=4) / 32
+    strategy = STRATEGIES[name] if name != "hybrid-zero1" else Hybrid(data=2, fsdp=4, zero=1)
+    init = lambda k: {"w": jax.random.normal(k, (16, 4)) * 0.3}  # noqa: E731
+    got = {}
+    for accum in (1, 2, 4):
+        trainer = Trainer(init, optax.adam(1e-2), _class_frequencies, strategy=strategy,
+                          grad_accum=accum)  # fmt: skip
+        _, metrics = trainer.step(trainer.init(0), trainer.place_batch(batch))
+        got[accum] = {k: np.asarray(v) for k, v in metrics.items()}
+    for accum, metrics in got.items():  # means over equal pieces of the batch: the whole's
+        np.testing.assert_allclose(metrics["class_freq"], want, rtol=1e-6)
+        np.testing.assert_allclose(metrics["loss_copy"], got[1]["loss_copy"], rtol=1e-5)
+        outer = metrics["outer"]  # a mean of outer products of frequencies: within [0, 1]
+        assert outer.shape == (4, 4) and outer.max() <= 1 and np.allclose(outer, outer.T)

@@ -110,7 +110,9 @@ def accumulate(
         with sequence_batch(rest):  # the model's batch dim, per shard: the other batch axes
             (l, (m, _)), g = per_shard(params, mb, None)
         grads = constrain(jax.tree.map(jnp.add, grads, g), grad_specs)
-        return (loss + l.sum(), jax.tree.map(lambda a, b: a + b.sum(), metrics, m), grads), None
+        # each metric and the loss arrive per shard, [S, ...]: summed over the shards only
+        sums = jax.tree.map(lambda a, b: a + b.sum(0), (loss, metrics), (l, m))
+        return (*sums, grads), None
 
     first = jax.tree.map(lambda x: x[0], jax.tree.map(split, batch))
     with sequence_batch(rest):
