@@ -40,13 +40,17 @@ OPTIMIZERS = {
     ),
     "multisteps": lambda: optax.MultiSteps(optax.adam(1e-2), every_k_schedule=2),
     "inject_hyperparams": lambda: optax.inject_hyperparams(optax.adam)(learning_rate=1e-2),
+    # takes the loss as update(..., value=loss); halves the step when it improves < 20 %
+    "reduce_on_plateau": lambda: optax.chain(
+        optax.adam(1e-2), optax.contrib.reduce_on_plateau(patience=0, factor=0.5, rtol=0.2)
+    ),
 }
 
 
 def _reference(trainer, make_opt, steps):
     """A plain optax loop on one device from the same initial parameters."""
     params = jax.device_get(trainer.init(0).params)
-    opt = make_opt()
+    opt = optax.with_extra_args_support(make_opt())
     state = opt.init(params)
 
     def loss_fn(p, batch):
@@ -56,7 +60,7 @@ def _reference(trainer, make_opt, steps):
     for i in range(steps):
         batch = TASK.batch(i, batch_size=16)
         loss, grads = jax.value_and_grad(loss_fn)(params, batch)
-        updates, state = opt.update(grads, state, params)
+        updates, state = opt.update(grads, state, params, value=loss)
         params = optax.apply_updates(params, updates)
         losses.append(float(loss))
     return losses
@@ -83,6 +87,20 @@ def test_any_optax_transformation_trains_under_fsdp(name):
         assert leaf.sharding.spec == p.spec, p
         split += any(e is not None for e in p.spec)
     assert split >= 1  # some optimizer state is split over 'fsdp', not all replicated
+
+
+def test_the_step_hands_its_loss_to_a_transformation_that_takes_it():
+    # optax.contrib.reduce_on_plateau keeps the best loss it was given: the step's losses
+    tx = optax.chain(optax.adam(1e-2), optax.contrib.reduce_on_plateau(patience=0))
+    trainer = Trainer(lambda k: MLP(SIZES, rngs=nnx.Rngs(k)), tx, classification_loss,
+                      strategy=FSDP())  # fmt: skip
+    state, losses = trainer.init(0), []
+    for i in range(3):
+        state, m = trainer.step(state, trainer.place_batch(TASK.batch(i, batch_size=16)))
+        losses.append(float(m["loss"]))
+    plateau = state.opt_state[1]
+    np.testing.assert_allclose(float(plateau.best_value), min(losses), rtol=1e-6)
+    assert int(plateau.count) == 0  # a window of one loss: counted and reset each step
 
 
 def test_factored_statistics_follow_their_parameter():

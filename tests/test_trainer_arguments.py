@@ -103,3 +103,39 @@ def test_a_loss_fn_that_returns_three_items_is_named():
     t = trainer(loss_fn=lambda p, b: (loss_fn(p, b), {}, 1))
     with pytest.raises(ValueError, match=r"returned a tuple of 3 items.*fix"):
         t.step(t.init(0), t.place_batch(HOST))
+
+
+@pytest.mark.parametrize(
+    "batch, names",
+    [
+        ((HOST["x"], HOST["y"]), ["batch is", "tuple", "not a dict", "{'x'"]),
+        ({**HOST, "scale": np.float32(1.0)}, ["batch['scale']", "shape ()", "batch dim first"]),
+        ({"inputs": {"x": HOST["x"]}, "y": HOST["y"]}, ["batch['inputs']", "dict", "flat"]),
+        ({"x": HOST["x"], "y": [1, 2]}, ["leading sizes", "[2, 8]"]),
+    ],
+)
+def test_place_batch_names_a_batch_that_is_not_a_flat_dict_of_arrays(batch, names):
+    with pytest.raises(ShardkitError) as err:
+        trainer().place_batch(batch)
+    assert all(n in str(err.value) for n in names), str(err.value)
+
+
+def test_a_batch_placed_for_evaluation_given_to_an_accumulating_step_is_named():
+    t = trainer(grad_accum=2)
+    state = t.init(0)
+    host = {k: np.concatenate([v, v]) for k, v in HOST.items()}  # 2 micro-batches of 8 rows
+    with pytest.raises(ShardkitError, match=r"trainer.step: batch\['(x|y)'\].*grad_accum=2.*"
+                       r"fix: .*place_batch\(batch\)"):  # fmt: skip
+        t.step(state, t.place_batch(host, for_eval=True))
+    state, _ = t.step(state, t.place_batch(host))  # the fix
+
+
+def test_evaluate_and_loss_and_grads_compile_again_for_another_dtype():
+    t = trainer()
+    state = t.init(0)
+    for dtype in ("f4", "i4", "f4"):
+        host = {"x": np.ones((8, 16), dtype), "y": HOST["y"]}
+        want = float(loss_fn(jax.device_get(state.params), host))
+        assert np.isclose(float(t.evaluate(state.params, t.place_batch(host))["loss"]), want)
+        (loss, _), _ = t.loss_and_grads(state.params, t.place_batch(host))
+        assert np.isclose(float(loss), want)

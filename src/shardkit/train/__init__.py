@@ -24,7 +24,7 @@ from typing import Any
 _EXPORTS = {
     "Trainer": "shardkit.train.trainer",
     "TrainState": "shardkit.train.trainer",
-    "BatchSizeError": "shardkit.train.trainer",
+    "BatchSizeError": "shardkit.train.batches",
     "Linen": "shardkit.train.adapters",
     "ImportReport": "shardkit.train.orbax_io",
     "import_orbax": "shardkit.train.orbax_io",

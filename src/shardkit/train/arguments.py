@@ -127,8 +127,31 @@ def check_state(state: Any, state_type: type, method: str) -> None:
         )
 
 
-def check_batch(batch: Any, method: str) -> None:
-    """Raises unless `batch` is a dict of arrays already on the mesh (`place_batch`)."""
+def check_host_batch(batch: Any) -> None:
+    """Raises unless `batch` is a flat dict of arrays with the batch dim first (`place_batch`)."""
+    if not isinstance(batch, Mapping):
+        raise ShardkitTypeError(
+            f"trainer.place_batch: batch is {_got(batch)}, not a dict of arrays; fix: a dict "
+            "such as {'x': inputs, 'y': labels}, each with the batch dim first."
+        )
+    for key, value in batch.items():
+        if isinstance(value, Mapping):
+            raise ShardkitTypeError(
+                f"trainer.place_batch: batch[{key!r}] is a dict; the batch must be a flat dict "
+                "of arrays, each with the batch dim first; fix: move its arrays to the top "
+                f"level (e.g. batch[{next(iter(value), 'x')!r}]) and read them there in loss_fn."
+            )
+        if np.ndim(value) == 0:
+            raise ShardkitValueError(
+                f"trainer.place_batch: batch[{key!r}] is {_got(value)} of shape (), but every "
+                "field is split over the devices along its batch dim first; fix: one value per "
+                "example (np.full(batch_size, value)), or a constant in loss_fn."
+            )
+
+
+def check_batch(batch: Any, method: str, micro: int = 1, what: str = "grad_accum") -> None:
+    """Raises unless `batch` is a dict of arrays already on the mesh (`place_batch`), stacked
+    in `micro` micro-batches (`what`: the option that asks for them) when `micro` > 1."""
     if not isinstance(batch, Mapping):
         raise ShardkitTypeError(
             f"trainer.{method}: batch is {_got(batch)}, not a dict of arrays; fix: a dict "
@@ -142,6 +165,19 @@ def check_batch(batch: Any, method: str) -> None:
                 f"batch = trainer.place_batch(batch{', for_eval=True' * (method == 'evaluate')}) "
                 "before the call."
             )
+        if micro > 1 and (value.ndim < 2 or value.shape[0] != micro):
+            raise ShardkitValueError(
+                f"trainer.{method}: batch[{key!r}] has shape {value.shape}, but with "
+                f"{what}={micro} it must be stacked as [{micro} micro-batches, rows, ...] (a "
+                "batch placed with for_eval=True is not); fix: batch = trainer.place_batch(batch)."
+            )
+
+
+def batch_key(tag: str, batch: Mapping[str, Any]) -> tuple:
+    """The key of the program compiled for `batch`: each field's shape, dtype and sharding."""
+    return (tag,) + tuple(
+        sorted((k, np.shape(v), str(v.dtype), str(v.sharding)) for k, v in batch.items())
+    )
 
 
 def split_loss(out: Any) -> tuple[Any, Any]:
