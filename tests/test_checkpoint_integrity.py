@@ -230,7 +230,7 @@ def test_a_non_finite_state_is_never_saved_so_rotation_keeps_the_good_ones(tmp_p
     ckpt.close()
 
 
-@pytest.mark.parametrize("keep", [0, -1, 1.5])
+@pytest.mark.parametrize("keep", [0, -1])  # 1.5: test_checkpoint_branch
 def test_keep_must_leave_a_checkpoint(tmp_path, keep):
     with pytest.raises(ValueError, match=r"max_to_keep=.* would delete every checkpoint.*fix"):
         Checkpointer(tmp_path / "c", max_to_keep=keep)

@@ -26,6 +26,7 @@ Nothing is restored unchecked and nothing good is thrown away:
 from __future__ import annotations
 
 import math
+import numbers
 import pathlib
 import sys
 import traceback
@@ -57,6 +58,11 @@ class CheckpointCorruptError(ShardkitError, ValueError):
 
 class NonFiniteStateError(ShardkitError, ValueError):
     """A training state with NaN or Inf values, which is never saved as a checkpoint."""
+
+
+class CheckpointSupersededWarning(ShardkitError, UserWarning):
+    """Checkpoints newer than a step saved after restoring an older one (a run that went back)
+    were moved aside into `<directory>.superseded/`, kept, not deleted."""
 
 
 class CheckpointRejectedWarning(ShardkitError, UserWarning):
@@ -184,13 +190,18 @@ class Checkpointer:
         max_to_keep: int | None = 3,
         async_save: bool = True,
     ):
-        if save_every < 1:
-            raise ShardkitValueError(f"save_every={save_every} must be >= 1; fix: save_every=100.")
-        if max_to_keep is not None and (not isinstance(max_to_keep, int) or max_to_keep < 1):
+        save_every = _count("save_every", save_every, "save_every=100")
+        if max_to_keep is not None:
+            max_to_keep = _count("max_to_keep", max_to_keep, "max_to_keep=3, or None to keep all")
+        if max_to_keep is not None and max_to_keep < 1:
             raise ShardkitValueError(
                 f"max_to_keep={max_to_keep!r} would delete every checkpoint, including the one "
                 "being resumed from; fix: max_to_keep=1 or more (--keep 3), or None to keep all."
             )
+        if save_every < 1:
+            raise ShardkitValueError(f"save_every={save_every} must be >= 1; fix: save_every=100.")
+        self.save_every = save_every
+        self._restored: int | None = None  # the step this Checkpointer last restored
         self.directory = checkpoint_path(directory)
         refuse_foreign_steps(self.directory)
         self.rejected: list[tuple[int, str, str]] = []  # (step, why, where it was moved)
@@ -222,15 +233,24 @@ class Checkpointer:
         The metadata gets a digest of every array, checked by `restore`.
 
         Saving a step already on disk again is a no-op when the values are the same (a script
-        run twice) and an error when they differ.
+        run twice) and an error when they differ. After `restore(trainer, step=N)` of an older
+        step, the first save of the run that goes on from it moves the newer steps aside into
+        `<directory>.superseded/` (kept, with a `CheckpointSupersededWarning`): the newest
+        checkpoint is then the new run's, and rotation never drops step N for them. A state
+        that does not descend from such a restore is refused when newer steps exist.
 
         Raises:
             NonFiniteStateError: when the state holds NaN or Inf (nothing is written, so the
                 newest finite checkpoint stays the newest).
-            ValueError: the step exists in the folder with other values.
+            ValueError: the step exists in the folder with other values, or newer steps
+                exist and this Checkpointer did not restore the older one it goes on from.
         """
         step = int(jax.device_get(state.step))
-        if not (force or self.manager.should_save(step)):
+        latest = self.latest_step()
+        due = self.manager.should_save(step) or (
+            step % self.save_every == 0 and latest is not None and latest >= step
+        )  # orbax's own check says no to any step at or before the latest on disk
+        if not (force or due):
             return False
         digests, bad = fingerprint(_as_dict(state))
         if bad:
@@ -239,21 +259,20 @@ class Checkpointer:
                 f"checkpoint was written; the newest finite one is step {self.latest_step()} in "
                 f"{self.directory}; fix: resume from it with a lower learning rate."
             )
-        if step in self.manager.all_steps():  # e.g. a script run twice into one folder
+        steps = self.all_steps()
+        if step in steps:  # e.g. a script run twice into one folder
             saved = (self._shardkit_entry_quiet(step) or {}).get("digests")
             if saved == digests:
                 return False  # this very state is already on disk
-            raise ShardkitValueError(
-                f"checkpoint step {step} already exists in {self.directory} and holds other "
-                "values; fix: save into a new folder, or delete that step (or start the run "
-                "with --overwrite) to replace it."
-            )
+        later = [s for s in steps if s >= step]
+        if later:
+            self._supersede(step, later)
         entry = {"format": _FORMAT, "step": step, "digests": digests}
         args = ocp.args.Composite(
             state=ocp.args.StandardSave(_as_dict(state)),
             meta=ocp.args.JsonSave({**dict(meta or {}), "shardkit": entry}),
         )
-        return bool(self.manager.save(step, args=args, force=force))
+        return bool(self.manager.save(step, args=args, force=True))  # due, decided above
 
     def meta(self, step: int | None = None) -> dict:
         """The JSON metadata saved with a checkpoint (as given to `save`)."""
@@ -284,11 +303,15 @@ class Checkpointer:
         """
         _drop_closed_loop_echoes()
         if step is not None:
-            return self._restore_checked(self._step(step), trainer)
+            state = self._restore_checked(self._step(step), trainer)
+            self._restored = step
+            return state
         self._step(None)  # raises FileNotFoundError when there is none
         for candidate in sorted(self.all_steps(), reverse=True):
             try:
-                return self._restore_checked(candidate, trainer)
+                state = self._restore_checked(candidate, trainer)
+                self._restored = candidate
+                return state
             except CheckpointCorruptError as e:
                 self._reject(candidate, str(e))
         raise CheckpointCorruptError(
@@ -370,19 +393,55 @@ class Checkpointer:
         """The sibling folder that failing checkpoints are moved into (never deleted)."""
         return self.directory.parent / f"{self.directory.name}.rejected"
 
-    def _reject(self, step: int, why: str) -> None:
-        """Moves a failing checkpoint aside (process 0 moves, every process waits)."""
-        dest = self.rejected_dir / str(step)
+    @property
+    def superseded_dir(self) -> epath.Path:
+        """The sibling folder that steps a restored older step goes on from are moved into."""
+        return self.directory.parent / f"{self.directory.name}.superseded"
+
+    def _move_aside(self, step: int, folder: epath.Path) -> epath.Path:
+        """Moves checkpoint `step` into `folder` (process 0 moves, every process waits)."""
+        dest = folder / str(step)
         if jax.process_index() == 0:
-            self.rejected_dir.mkdir(parents=True, exist_ok=True)
+            folder.mkdir(parents=True, exist_ok=True)
             n = 1
             while dest.exists():
                 n += 1
-                dest = self.rejected_dir / f"{step}-{n}"
+                dest = folder / f"{step}-{n}"
             (self.directory / str(step)).rename(dest)
         if jax.process_count() > 1:
             multihost_utils.sync_global_devices(f"shardkit: checkpoint {step} moved aside")
         self.manager.reload()
+        return dest
+
+    def _supersede(self, step: int, later: list[int]) -> None:
+        """Moves the steps at or after `step` aside, if the run goes on from a restore of an
+        older step, and raises otherwise."""
+        if self._restored is None or self._restored >= min(later):
+            what = (
+                f"step {step} already exists in {self.directory} and holds other values"
+                if later == [step]
+                else f"step {step}: {self.directory} holds steps {later} at or after it, from "
+                "another run"
+            )
+            raise ShardkitValueError(
+                f"checkpoint {what}; fix: save into a new folder (or start "
+                f"the run with --overwrite), go on from the newest with ckpt.restore(trainer), "
+                f"or from an older one with ckpt.restore(trainer, step=N), which moves the "
+                f"later steps aside when the run saves."
+            )
+        self.manager.wait_until_finished()
+        moved = [str(self._move_aside(s, self.superseded_dir)) for s in later]
+        warnings.warn(
+            f"step {step} goes on from step {self._restored}: the checkpoints "
+            f"{', '.join(f'step {s}' for s in later)} of the run before were moved to "
+            f"{', '.join(moved)} (kept, not deleted).",
+            CheckpointSupersededWarning,
+            stacklevel=3,
+        )
+
+    def _reject(self, step: int, why: str) -> None:
+        """Moves a failing checkpoint aside into `rejected_dir`, and says so."""
+        dest = self._move_aside(step, self.rejected_dir)
         self.rejected.append((step, why, str(dest)))
         warnings.warn(
             f"{why}; moved it to {dest} and fell back to an older checkpoint.",
@@ -475,3 +534,12 @@ def _same_leaf(want: tuple, have: tuple) -> bool:
 def n_bytes(tree) -> int:
     """Total bytes of the arrays in `tree` (global, not per device)."""
     return sum(math.prod(x.shape) * x.dtype.itemsize for x in jax.tree.leaves(tree))
+
+
+def _count(name: str, value: Any, fix: str) -> int:
+    """`value` as an int count (a Python or NumPy integer, not a bool), else an error."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ShardkitValueError(
+            f"{name}={value!r} ({type(value).__name__}) must be an int; fix: {fix}."
+        )
+    return int(value)
