@@ -9,8 +9,12 @@
 * `Linen(module, variables, rngs=...)` for Flax Linen: the `params` collection is trained,
   the other collections (`batch_stats`, ...) and the RNG streams are state; `loss_fn` gets a
   callable that runs `module.apply` with the current variables;
-* an Equinox module: its floating-point arrays are trained, its other arrays are state;
+* an Equinox module: its floating-point arrays are trained, its other arrays are state (a
+  stateful layer's `eqx.nn.StateIndex`, as in `eqx.nn.BatchNorm`, is refused);
 * any other pytree of arrays: the parameters themselves (`loss_fn(params, batch)`).
+
+Trained parameters must be floating-point (or complex): an integer or boolean one is refused
+when the `Trainer` is built, with where to keep it instead.
 
 Each kind is a `ModelKind`: `split(model) -> (params, state)` and `bind(params, state) ->
 what loss_fn gets`, and `state_of(bound)` the state after loss_fn ran. Typed PRNG keys in the
@@ -20,6 +24,8 @@ state are kept as typed arrays (orbax saves them).
 from __future__ import annotations
 
 import dataclasses
+import inspect
+import re
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
@@ -225,6 +231,7 @@ def kind_of(model: Any) -> ModelKind:
     if isinstance(model, Linen):
         return _Linen()
     if eqx is not None and isinstance(model, eqx.Module):
+        _check_equinox_state(model)
         return _Equinox()
     if isinstance(model, nn.Module):
         raise ShardkitValueError(
@@ -235,16 +242,41 @@ def kind_of(model: Any) -> ModelKind:
     return ModelKind()
 
 
-def _check_pytree(model: Any) -> None:
-    nodes = jax.tree.leaves(model, is_leaf=lambda x: eqx is not None and isinstance(
-        x, (eqx.Module, eqx.nn.State)))  # fmt: skip
-    if eqx is not None and any(isinstance(x, eqx.nn.State) for x in nodes):
+def _check_equinox_state(model: Any) -> None:
+    """Raises for Equinox state anywhere in `model`: an `eqx.nn.State` (from
+    `eqx.nn.make_with_state`) or a stateful layer's `eqx.nn.StateIndex` (BatchNorm, SpectralNorm),
+    whose floating-point statistics would otherwise be trained as parameters."""
+    if eqx is None:
+        return
+    is_state = lambda x: isinstance(x, (eqx.nn.State, eqx.nn.StateIndex))  # noqa: E731
+    found = [
+        (path_str(p), x)
+        for p, x in jax.tree_util.tree_flatten_with_path(model, is_leaf=is_state)[0]
+        if is_state(x)
+    ]
+    if any(isinstance(x, eqx.nn.State) for _, x in found):
         raise ShardkitValueError(
             f"model_fn returned {type(model).__name__} holding an equinox.nn.State (from "
             "eqx.nn.make_with_state: BatchNorm, StateIndex), whose statistics would be "
             "trained as parameters; fix: return an Equinox model without State (e.g. "
             "LayerNorm for BatchNorm), or a Flax NNX / Linen model with BatchNorm."
         )
+    if found:
+        paths = ", ".join(p or "the model" for p, _ in found[:3])
+        paths += f" and {len(found) - 3} more" if len(found) > 3 else ""
+        raise ShardkitValueError(
+            f"model_fn returned {type(model).__name__} holding an equinox.nn.StateIndex at "
+            f"{paths} (a stateful layer: eqx.nn.BatchNorm, eqx.nn.SpectralNorm), whose "
+            "statistics would be trained as parameters: shardkit trains an Equinox model's "
+            "floating-point arrays and carries no eqx.nn.State through the step; fix: replace "
+            "the stateful layer (eqx.nn.LayerNorm or eqx.nn.GroupNorm for BatchNorm), or write "
+            "the model in Flax NNX (nnx.BatchNorm) or Linen (nn.BatchNorm), whose statistics "
+            "shardkit carries as model state."
+        )
+
+
+def _check_pytree(model: Any) -> None:
+    _check_equinox_state(model)
     leaves = jax.tree_util.tree_flatten_with_path(model)[0]
     for path, leaf in leaves:
         if not isinstance(leaf, (jax.Array, jax.ShapeDtypeStruct)) and not hasattr(leaf, "dtype"):
@@ -275,6 +307,45 @@ def _check_model_fn(model_fn: Any) -> None:
             "exist; fix: model_fn=lambda key: MyModel(..., rngs=nnx.Rngs(key)), or "
             "lambda key: model to train one you have built."
         )
+    try:
+        signature = inspect.signature(model_fn)
+    except (TypeError, ValueError):  # no signature (some C callables): `_call_model_fn` checks
+        return
+    try:
+        signature.bind(None)
+    except TypeError:
+        name = getattr(model_fn, "__name__", type(model_fn).__name__)
+        takes = "takes no argument" if not signature.parameters else "needs more than the key"
+        raise ShardkitTypeError(_not_key_to_model(f"{name}{signature} {takes}")) from None
+
+
+def _not_key_to_model(what: str) -> str:
+    return (
+        f"model_fn {what}; it must be a function key -> model, which the Trainer calls with "
+        "a PRNG key (traced, to lay the parameters out before they exist); fix: take the key "
+        "(model_fn=lambda key: MyModel(..., rngs=nnx.Rngs(key)), or lambda key: model to "
+        "ignore it) and bind the other arguments (lambda key: make(key, width=64), "
+        "functools.partial(make, width=64))."
+    )
+
+
+# a Python callable's own arity error, raised before its body runs
+_ARITY_ERROR = re.compile(r"positional argument|required (keyword-only )?argument|takes no argu")
+
+
+def _call_model_fn(model_fn: Callable[[jax.Array], Any], key: jax.Array) -> Any:
+    """`model_fn(key)` with Flax's eager sharding off; a `model_fn` whose signature
+    `_check_model_fn` could not read and that takes no single key is refused here. A TypeError
+    raised inside its body propagates unchanged."""
+    try:
+        with nnx.use_eager_sharding(False):
+            return model_fn(key)
+    except TypeError as e:
+        raised_by_the_call = e.__traceback__ is not None and e.__traceback__.tb_next is None
+        if raised_by_the_call and _ARITY_ERROR.search(str(e)):
+            what = f"{type(model_fn).__name__} cannot be called as model_fn(key) ({e})"
+            raise ShardkitTypeError(_not_key_to_model(what)) from None
+        raise
 
 
 class Abstract(NamedTuple):
@@ -293,8 +364,7 @@ def abstract_model(model_fn: Callable[[jax.Array], Any]) -> Abstract:
     found: dict = {}
 
     def build(key):
-        with nnx.use_eager_sharding(False):
-            model = model_fn(key)
+        model = _call_model_fn(model_fn, key)
         kind = kind_of(model)
         if isinstance(kind, _NNX):
             kind.graphdef = nnx.split(model, nnx.Param, ...)[0]
@@ -310,7 +380,40 @@ def abstract_model(model_fn: Callable[[jax.Array], Any]) -> Abstract:
         return kind.split(model)
 
     params, state = jax.eval_shape(build, jax.random.key(0))
+    _check_trained_dtypes(found["kind"], params)
     return Abstract(found["kind"], params, state, found["logical"], found.get("config"))
+
+
+# where a non-float array that is not trained goes, per model kind (Equinox trains only its
+# floating-point arrays, so its integer arrays never reach the check)
+_NOT_FLOAT_FIX = {
+    "pytree": "close over {it} in loss_fn, pass {it} in the batch, or make {it} floating-point "
+    "(.astype(jnp.float32)) to train {it}",
+    "nnx": "keep {it} in an nnx.Variable that is not an nnx.Param (class Const(nnx.Variable): "
+    "pass; self.perm = Const(...), or nnx.BatchStat): shardkit carries every other variable "
+    "as model state, untrained",
+    "linen": "keep {it} in a collection other than 'params' (self.variable('consts', 'perm', "
+    "lambda: ...)): shardkit carries the other collections as model state, untrained",
+}
+
+
+def _check_trained_dtypes(kind: ModelKind, params: Any) -> None:
+    """Raises for an integer, boolean or PRNG-key parameter: `jax.grad` refuses it at step time."""
+    bad = [
+        f"'{path_str(p)}' ({x.dtype}, shape {tuple(x.shape)})"
+        for p, x in jax.tree_util.tree_flatten_with_path(params)[0]
+        if not jnp.issubdtype(x.dtype, jnp.inexact)
+    ]
+    if bad:
+        what = "nnx.Param" if kind.name == "nnx" else "parameter"
+        listed = ", ".join(bad[:4]) + (f" and {len(bad) - 4} more" if len(bad) > 4 else "")
+        it, is_ = ("it", "is") if len(bad) == 1 else ("them", "are")
+        fix = _NOT_FLOAT_FIX.get(kind.name, _NOT_FLOAT_FIX["pytree"]).format(it=it)
+        raise ShardkitValueError(
+            f"model_fn returned a model whose {what}{'s' * (len(bad) > 1)} {listed} {is_} not "
+            f"floating-point, but every {what} is trained and gradients need floating-point (or "
+            f"complex) arrays; fix: {fix}."
+        )
 
 
 def split_model(kind: ModelKind, model_fn: Callable[[jax.Array], Any], key) -> tuple[Any, Any]:
