@@ -6,6 +6,11 @@ newest step is taken) by any tool: `nnx.state(model)`, `nnx.to_pure_dict(...)`, 
 `variables`, `{"params": ..., "opt_state": ...}`, shardkit's own. Each of the trainer's
 leaves is found by path: the checkpoint path that ends with the leaf's path after one common
 prefix per group (parameters, model state, optimizer state), NNX's trailing `value` ignored.
+That prefix is the one under which the most leaves match; among equals, the trainer's own name
+(`params/` beside `ema/`), and for model and optimizer state the one nearest the parameters.
+Copies of the parameters' tree inside the trainer's optimizer state (Adam's `mu`, `nu`) never
+count. Equal prefixes left after that (`{"teacher": ..., "student": ...}`) are refused, never
+guessed: `import_orbax(path, trainer, prefix="student")` chooses.
 Arrays are read straight into the trainer's shardings (each device reads its shard), so the
 values are bit-exact on any mesh. `ImportReport` says what matched and what did not.
 
@@ -97,21 +102,76 @@ def _norm(path: str) -> str:
     return path
 
 
-def _match_group(want: dict[str, Any], have: dict[str, str]) -> tuple[dict[str, str], str]:
-    """Model paths -> checkpoint paths under the one prefix that matches the most leaves.
-
-    `have` maps normalized checkpoint paths to the stored ones.
-    """
+def _votes(want: dict[str, Any], have: dict[str, str]) -> dict[str, int]:
+    """Checkpoint prefix -> how many of `want`'s paths sit under it (`have` is normalized)."""
     votes: dict[str, int] = {}
     for w in want:
         for h in have:
             if h == w or h.endswith("/" + w):
                 prefix = h[: len(h) - len(w)]
                 votes[prefix] = votes.get(prefix, 0) + 1
+    return votes
+
+
+def _mirrors(want: dict[str, Any], want_opt: dict[str, Any]) -> set[str]:
+    """The optimizer state's sub-paths that hold a copy of the parameters' tree (Adam's
+    "0/mu/", "0/nu/"), so that a checkpoint's optimizer state is never taken for them."""
+    out = set()
+    for path in want_opt:
+        parts = path.split("/")
+        out.update("/".join(parts[:i]) + "/" for i in range(1, len(parts))
+                   if "/".join(parts[i:]) in want)  # fmt: skip
+    return out
+
+
+def _common(a: str, b: str) -> int:
+    """How many leading path components two prefixes share."""
+    n = 0
+    for x, y in zip(a.split("/")[:-1], b.split("/")[:-1]):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def _pick(group: str, votes: dict[str, int], near: str | None) -> tuple[str | None, list[str]]:
+    """`(prefix, [])` of the one prefix that matches the most of `group`'s leaves, or
+    `(None, tied)` when several match equally well. Among equals, the trainer's own name
+    (`params/`) wins, then the prefix nearest `near` (the parameters' prefix)."""
     if not votes:
-        return {}, ""
-    prefix = max(votes, key=lambda p: (votes[p], -len(p)))
-    return {w: have[prefix + w] for w in want if prefix + w in have}, prefix
+        return None, []
+    best = max(votes.values())
+    tied = sorted(p for p, n in votes.items() if n == best)
+    if len(tied) > 1 and f"{group}/" in tied:
+        tied = [f"{group}/"]
+    if len(tied) > 1 and near is not None:
+        top = max(_common(p, near) for p in tied)
+        tied = [p for p in tied if _common(p, near) == top]
+    return (tied[0], []) if len(tied) == 1 else (None, tied)
+
+
+def _ambiguous(item: Any, group: str, tied: list[str], best: int, of: int) -> ShardkitValueError:
+    names = ", ".join(repr(p.rstrip("/")) for p in tied)
+    what = {"params": "parameters", "model_state": "model state"}[group]
+    return ShardkitValueError(
+        f"{item} holds the model's {what} under {len(tied)} prefixes that match equally well "
+        f"({best} of {of} leaves each): {names}; not guessing which to load; fix: "
+        f"import_orbax(..., prefix={tied[0].rstrip('/')!r}) to read the parameters from one "
+        "(model and optimizer state are then read from beside them)."
+    )
+
+
+def _check_prefix(item: Any, prefix: str, have: dict[str, str]) -> str:
+    """`prefix` as a checkpoint path prefix ("params" -> "params/"), if the checkpoint has it."""
+    norm = prefix.strip("/")
+    if norm == "" or any(h.startswith(norm + "/") for h in have):
+        return norm + "/" if norm else ""
+    top = sorted({h.split("/")[0] for h in have})
+    shown = ", ".join(repr(t) for t in top[:10]) + (", ..." if len(top) > 10 else "")
+    raise ShardkitValueError(
+        f"prefix={prefix!r}: {item} has no subtree of that name; its top-level prefixes are "
+        f"{shown}; fix: import_orbax(..., prefix={top[0] if top else 'params'!r})."
+    )
 
 
 def import_orbax(
@@ -120,6 +180,7 @@ def import_orbax(
     *,
     seed: int = 0,
     strict: bool = True,
+    prefix: str | None = None,
 ) -> tuple[TrainState, ImportReport]:
     """Restores parameters (and model state, optimizer state when present) from a plain orbax
     checkpoint into `trainer`'s layouts.
@@ -131,14 +192,24 @@ def import_orbax(
         strict: refuse a checkpoint that lacks a parameter or holds any leaf in another
             shape. Model state it lacks (BatchNorm statistics, RNG streams) is initialized
             from `seed` and listed as missing.
+        prefix: the checkpoint's subtree to read the parameters from (`"params"`,
+            `"student"`, `"ema"`, `"model/params"`; `""` for the top of the tree), for a
+            checkpoint that holds the model more than once. Model state and optimizer state
+            are then read from the subtree nearest it. None (default): the one prefix that
+            matches the most parameters, preferring the trainer's own name (`params/`) among
+            equals; equal others are refused.
 
     Returns:
-        `(state, report)`: a `TrainState` at step 0 (the checkpoint's step when its optimizer
-        state was restored too) and what matched.
+        `(state, report)`: a `TrainState` at step 0, or at the checkpoint's `step` (the integer
+        leaf beside its optimizer state) when its optimizer state was restored too, and what
+        matched.
 
     Raises:
         CheckpointMismatchError: with `strict`, a parameter missing or reshaped (named, with
             the fix).
+        ShardkitValueError: the parameters (or model state) match equally well under several
+            prefixes (e.g. `{"teacher": ..., "student": ...}`), or `prefix` names no subtree of
+            the checkpoint; the message lists the prefixes.
         FileNotFoundError: no orbax checkpoint at `path`.
 
     Example:
@@ -155,14 +226,14 @@ def import_orbax(
     stored = _flat(tree)
 
     abstract = trainer.abstract_state
-    matched, missing, reshaped, opt_ok = _match(abstract, stored)
+    matched, missing, reshaped, opt_ok, opt_tied = _match(abstract, stored, item, prefix)
     report = ImportReport(
         source=str(item),
         matched=matched,
         missing=missing,
         reshaped=reshaped,
         unused=sorted(set(stored) - set(matched.values())),
-        optimizer="restored" if opt_ok else "initialized from the restored parameters",
+        optimizer=_optimizer_note(opt_ok, opt_tied),
     )
     if strict and not report.ok:
         raise CheckpointMismatchError(
@@ -194,34 +265,81 @@ def import_orbax(
     return state, report
 
 
-def _match(abstract: TrainState, stored: dict[str, Any]):
+def _match(abstract: TrainState, stored: dict[str, Any], item: Any, prefix: str | None):
     """(matched model path -> stored path, missing, reshaped, whether the optimizer state
-    matched whole) for a trainer's abstract state and a checkpoint's flat metadata."""
+    matched whole, the optimizer state's equal prefixes) for a trainer's abstract state and a
+    checkpoint's flat metadata."""
     have = {_norm(p): p for p in stored}
+    under = None if prefix is None else _check_prefix(item, prefix, have)
+    want_opt = _flat(abstract.opt_state)
     groups = {"params": abstract.params, "model_state": abstract.model_state}
+    mirrors = _mirrors(_flat(abstract.params), want_opt) - {""}
     matched: dict[str, str] = {}
     missing, reshaped = [], []
+    near = under
     for group, sub in groups.items():
         want = _flat(sub)
-        found, _ = _match_group(want, have)
+        votes = {p: n for p, n in _votes(want, have).items()
+                 if not any(p == m or p.endswith("/" + m) for m in mirrors)}  # fmt: skip
+        if group == "params" and under is not None:
+            votes = {p: n for p, n in votes.items() if p.startswith(under) and (under or not p)}
+        found, tied = _pick(group, votes, near)
+        if tied:
+            raise _ambiguous(item, group, tied, votes[tied[0]], len(want))
+        near = found if group == "params" and found is not None else near
         for w, leaf in want.items():
             key = f"{group}/{w}"
-            if w not in found:
+            if found is None or found + w not in have:
                 missing.append(key)
-            elif tuple(stored[found[w]].shape) != tuple(_stored_shape(leaf)):
-                reshaped.append((key, tuple(stored[found[w]].shape), tuple(leaf.shape)))
+            elif tuple(stored[have[found + w]].shape) != tuple(_stored_shape(leaf)):
+                reshaped.append((key, tuple(stored[have[found + w]].shape), tuple(leaf.shape)))
             else:
-                matched[key] = found[w]
-    want_opt = _flat(abstract.opt_state)
+                matched[key] = have[found + w]
     taken = set(matched.values())
-    found_opt, _ = _match_group(want_opt, {k: v for k, v in have.items() if v not in taken})
-    opt_ok = bool(want_opt) and all(
-        w in found_opt and tuple(stored[found_opt[w]].shape) == tuple(_stored_shape(x))
-        for w, x in want_opt.items()
+    free = {k: v for k, v in have.items() if v not in taken}
+    # a tie between optimizer states leaves the optimizer state initialized, as if absent
+    found, opt_tied = _pick("opt_state", _votes(want_opt, free), near)
+    opt_ok = (
+        bool(want_opt)
+        and found is not None
+        and all(
+            found + w in free and tuple(stored[free[found + w]].shape) == tuple(_stored_shape(x))
+            for w, x in want_opt.items()
+        )
     )
     if opt_ok:
-        matched.update({f"opt_state/{w}": found_opt[w] for w in want_opt})
-    return matched, missing, reshaped, opt_ok
+        matched.update({f"opt_state/{w}": free[found + w] for w in want_opt})
+        step = _step_leaf(found, free, stored)
+        if step is not None:
+            matched["step"] = step
+    return matched, missing, reshaped, opt_ok, opt_tied
+
+
+def _optimizer_note(restored: bool, tied: list[str]) -> str:
+    if restored:
+        return "restored"
+    note = "initialized from the restored parameters"
+    if tied:
+        names = ", ".join(repr(p.rstrip("/")) for p in tied)
+        note += f" (it matches equally well under {names}; prefix= chooses the one beside the "
+        note += "parameters)"
+    return note
+
+
+def _step_leaf(opt_prefix: str, have: dict[str, str], stored: dict[str, Any]) -> str | None:
+    """The stored path of the integer scalar `step` beside the optimizer state, if any
+    (shardkit's and Flax's `TrainState`, `nnx.Optimizer`)."""
+    parent = opt_prefix.rstrip("/").rpartition("/")[0]
+    where = have.get(f"{parent}/step" if parent else "step")
+    if where is None:
+        return None
+    meta = stored[where]
+    dtype = getattr(meta, "dtype", None)
+    if tuple(getattr(meta, "shape", ())) != () or (
+        dtype is not None and not jax.numpy.issubdtype(dtype, jax.numpy.integer)
+    ):
+        return None
+    return where
 
 
 def _stored_shape(leaf) -> tuple:
