@@ -147,7 +147,7 @@ def plan(
     _check_options(schedule, virtual, max_stage)
     layouts = _layouts(w, devices, max_stage)
     if not layouts:
-        raise NoValidLayoutError(_no_layout_message(w, devices, max_stage))
+        raise NoValidLayoutError(no_layout_message(w, devices, max_stage))
     policies = [remat] if remat else (REMAT_POLICIES if w.remat == "auto" else [w.remat])
     best: dict[tuple, Candidate] = {}
     smallest: Candidate | None = None
@@ -244,26 +244,46 @@ def _batch_multiple(w, n: int, max_stage: int | None) -> int:
     return min((n // (t * p) for t, p in _model_splits(w, n, max_stage)), default=n)
 
 
-def _no_layout_message(w, n: int, max_stage: int | None = None) -> str:
-    near = [k for k in range(max(1, n - 16), n + 17) if k != n and _layouts(w, k, max_stage)]
-    near = sorted(near, key=lambda k: (abs(k - n), k))[:4]
+def no_layout_message(w, n: int, max_stage: int | None = None, *, trainer: bool = False) -> str:
+    """Why no layout of `n` devices suits `w` and its batch, ending with the fix.
+
+    Speaks of the degrees the planner tries for `w`: data x fsdp only for a `Dense` model,
+    tensor and stage too for a `Transformer`. With `trainer` (Auto choosing for a `Trainer`),
+    the fix names fewer of the `n` devices, as `Trainer(..., devices=jax.devices()[:k])`.
+    """
     k = _batch_multiple(w, n, max_stage)
     lo = w.batch // k
     multiples = [b * k for b in range(max(1, lo - 64), lo + 66)]  # the nearest ones
     fits = [b for b in multiples if _layouts(w.replace(batch=b), n, max_stage)]
     below = [b for b in fits if b < w.batch][-1:]
     batches = " or ".join(map(str, below + [b for b in fits if b > w.batch][:1])) or str(k * n)
-    shape = (
-        f"heads={w.heads}, kv_heads={w.kv}, d_ff={w.ff}, layers={w.layers}, "
-        if isinstance(w, Transformer)
-        else ""
-    )
+    if isinstance(w, Transformer):
+        shape = f"heads={w.heads}, kv_heads={w.kv}, d_ff={w.ff}, layers={w.layers}, "
+        rule = "data x fsdp must divide the batch, tensor must divide the heads and d_ff, stage "
+        rule += "the layers"
+        split = f"data x fsdp = {k} with the widest tensor x stage the shapes allow"
+    else:
+        shape, split = "", f"data x fsdp = all {n} devices"
+        rule = "a Dense model is split over data x fsdp only (no tensor or pipeline split), "
+        rule += "and data x fsdp must divide the batch"
+        if trainer:
+            rule = "Auto splits a model other than shardkit's GPT over data x fsdp only (tensor "
+            rule += "parallelism needs a strategy that names the dims to split), and data x "
+            rule += "fsdp must divide the batch"
+    if trainer:
+        fewer = [c for c in range(n - 1, 0, -1) if _layouts(w, c, max_stage)][:3] or [1]
+        also = f"; {' or '.join(map(str, fewer[1:]))} work too" if fewer[1:] else ""
+        devices = f"train on {fewer[0]} devices (Trainer(..., devices=jax.devices()[:{fewer[0]}])"
+        devices += f"{also})"
+        batch = f"a batch that is a multiple of {k} (the Trainer's batch_size; {split})"
+    else:
+        near = [c for c in range(max(1, n - 16), n + 17) if c != n and _layouts(w, c, max_stage)]
+        near = sorted(sorted(near, key=lambda c: (abs(c - n), c))[:4])
+        devices = f"use {' or '.join(map(str, near)) or 'a power of two'} devices"
+        batch = f"a batch that is a multiple of {k} ({split})"
     return (
-        f"no layout of {n} devices suits {w.name!r} ({shape}batch={w.batch}): data x fsdp "
-        "must divide the batch, tensor must divide the heads and d_ff, stage the layers; fix: "
-        f"use {' or '.join(map(str, sorted(near))) or 'a power of two'} devices, or a batch "
-        f"that is a multiple of {k} (data x fsdp = {k} with the widest tensor x stage the "
-        f"shapes allow), e.g. {batches}."
+        f"no layout of {n} devices suits {w.name!r} ({shape}batch={w.batch}): {rule}; fix: "
+        f"{devices}, or {batch}, e.g. {batches}."
     )
 
 

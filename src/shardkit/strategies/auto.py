@@ -13,13 +13,14 @@ import dataclasses
 import math
 import os
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
 
 from shardkit.errors import ShardkitValueError
 from shardkit.plan import Dense, Hardware, Plan, Transformer, get_hardware, hardware_for, plan
+from shardkit.plan.search import NoValidLayoutError, no_layout_message
 from shardkit.strategies.bound import Strategy
 from shardkit.strategies.core import DataParallel
 
@@ -118,6 +119,7 @@ class Auto:
         workload: Any = None,
         precision: str = "float32",
         devices: Sequence[Any] | None = None,
+        mesh: Mapping[str, int] | None = None,
     ) -> tuple[Strategy, str]:
         """Returns (the planner's fastest runnable strategy, its reason) for `params`.
 
@@ -132,9 +134,13 @@ class Auto:
             precision: the Trainer's compute dtype ("float32" or "bfloat16"; the planner
                 reads them as "fp32" and "shardkit").
             devices: the devices, for their hardware profile (default `jax.devices()`).
+            mesh: the axis sizes of a mesh the user built (`dict(mesh.shape)`): the fastest
+                runnable layout with exactly those degrees (its ZeRO stage and remat are
+                still the planner's choice).
 
         Raises:
-            NoValidLayoutError: when no layout splits `batch` over `n_devices` (names the fix).
+            NoValidLayoutError: when no layout splits `batch` over `n_devices`; the fix names
+                fewer devices (`Trainer(..., devices=jax.devices()[:k])`) or a batch.
             DoesNotFitError: when no layout fits in memory.
         """
         del logical  # tensor-parallel choices come from the workload's shapes
@@ -142,8 +148,33 @@ class Auto:
             return DataParallel(), "one device: nothing to split."
         batch = n_devices if batch is None else batch
         w = _workload(params, workload, batch, precision)
-        planned = plan(w, devices=n_devices, hardware=self.profile(devices))
-        return planned.runnable_best().strategy(), planned.why()
+        try:
+            planned = plan(w, devices=n_devices, hardware=self.profile(devices))
+        except NoValidLayoutError:  # the same reason, with the fix a Trainer's user can type
+            raise NoValidLayoutError(no_layout_message(w, n_devices, trainer=True)) from None
+        if mesh is None:
+            return planned.runnable_best().strategy(), planned.why()
+        return _on_mesh(planned, mesh)
+
+
+def _on_mesh(planned: Any, mesh: Mapping[str, int]) -> tuple[Strategy, str]:
+    """The fastest runnable planned layout whose degrees are the mesh's axis sizes."""
+    want = {a: int(mesh.get(a, 1)) for a in ("data", "fsdp", "tensor", "stage")}
+    fits = [c for c in planned.candidates if c.runnable and all(
+        getattr(c, a) == n for a, n in want.items())]  # fmt: skip
+    if not fits:
+        best = planned.runnable_best()
+        raise ShardkitValueError(
+            f"Auto: no layout the planner accepts for this model and batch runs on the given "
+            f"mesh {dict(mesh)} (its best is {best.layout}); fix: drop mesh= to let Auto build "
+            f"the mesh, or pass the strategy for your mesh (e.g. Hybrid(...))."
+        )
+    c = fits[0]
+    rank = planned.candidates.index(c) + 1
+    return c.strategy(), (
+        f"{c.layout} is the fastest layout on the given mesh {dict(mesh)} (rank {rank} of "
+        f"{len(planned.candidates)}; over all meshes: {planned.why()})"
+    )
 
 
 def _host_bytes() -> int:

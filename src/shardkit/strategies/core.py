@@ -11,32 +11,33 @@ Every strategy reduces to three degrees over named mesh axes plus a ZeRO stage:
   axis split into consecutive stages, activations passed between neighbours.
 
 `DataParallel`, `FSDP` and `TensorParallel` are one-axis cases of `Hybrid`; combining them is
-`Hybrid(data=2, fsdp=2, tensor=2)`, not a subclass tree.
+`Hybrid(data=2, fsdp=2, tensor=2)`, not a subclass tree. Per-leaf layouts live in
+`strategies.layouts`; the checks `bind` makes against a given mesh in `strategies.mesh_fit`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
 from jax.sharding import PartitionSpec as P
 
-from shardkit.common import path_str
 from shardkit.errors import ShardkitValueError
-from shardkit.linter import UnmatchedLeafError, lint
+from shardkit.linter import UnmatchedLeafError as UnmatchedLeafError
 from shardkit.mesh import fill_rest, make_mesh
 from shardkit.strategies.bound import BoundStrategy, ExpectedCollectives
+from shardkit.strategies.layouts import NEVER_SHARDED as NEVER_SHARDED
+from shardkit.strategies.layouts import TENSOR_AXIS_NAMES as TENSOR_AXIS_NAMES
+from shardkit.strategies.layouts import TENSOR_NAMES as TENSOR_NAMES
+from shardkit.strategies.layouts import axis_size as _size
+from shardkit.strategies.layouts import drop_axis, map_specs
+from shardkit.strategies.layouts import leaf_spec as leaf_spec
+from shardkit.strategies.layouts import tensor_request as tensor_request
+from shardkit.strategies.mesh_fit import check_mesh
 from shardkit.strategies.pipeline import Pipeline
-
-TENSOR_NAMES = ("mlp", "heads", "vocab")  # logical names split by tensor parallelism
-# mesh-axis names that annotations written for a hand-made mesh use for the tensor axis
-# (Flax's guides annotate `(None, "model")`): they split over "tensor" too
-TENSOR_AXIS_NAMES = ("model", "tensor")
-NEVER_SHARDED = ("layers",)  # the stacked-layer axis is scanned over, never split
 
 
 class _Base:
@@ -94,34 +95,18 @@ class _Base:
             mesh: a `Mesh` or `AbstractMesh` (e.g. from `make_mesh`).
 
         Raises:
-            ValueError: when the strategy has pipeline stages and the mesh's "stage" axis
-                does not have that size (names the fix).
+            ValueError: when the mesh does not run the strategy as written (names the fix):
+                pipeline stages the "stage" axis does not have, a mesh axis the strategy
+                splits over that the mesh lacks, or an explicit degree (`Hybrid(tensor=4)`,
+                `FSDP(fsdp=8)`) that is not its mesh axis's size. Degrees left unset (or -1)
+                take the mesh's sizes.
 
         Example:
             >>> b = FSDP().bind(FSDP().make_mesh())
             >>> b.batch_axes, b.size("fsdp")
             (('fsdp',), 8)
         """
-        stages = self.pipeline.stages if self.pipeline is not None else 1
-        sizes = dict(mesh.shape)
-        if stages > 1 and sizes.get("stage", 1) != stages:
-            have = f"size {sizes['stage']}" if "stage" in sizes else "no 'stage' axis"
-            n = max(1, math.prod(sizes.values()) // stages)
-            raise ShardkitValueError(
-                f"the strategy has Pipeline(stages={stages}) but the mesh {sizes} has {have}; "
-                f"fix: let the Trainer build the mesh (strategy.make_mesh()), or pass a mesh "
-                f"with 'stage': {stages}, e.g. shardkit.make_mesh({{'stage': {stages}, "
-                f"'data': {n}}})."
-            )
-        wanted = [a for a in ("data", "fsdp", "tensor") if getattr(self, a, 1) != 1]
-        missing = [a for a in wanted if a not in sizes]
-        if missing and math.prod(sizes.values()) > 1:
-            raise ShardkitValueError(
-                f"{self!r} splits over mesh axis {' and '.join(map(repr, missing))}, which the "
-                f"mesh {sizes} lacks: its arrays would be silently replicated; fix: build the "
-                f"mesh with the strategy (strategy.make_mesh()), or name the mesh axes "
-                f"{', '.join(map(repr, wanted))}."
-            )
+        check_mesh(self, {str(k): int(v) for k, v in dict(mesh.shape).items()})
         return BoundStrategy.of(self, mesh)
 
     # -- layouts --------------------------------------------------------------------------
@@ -148,7 +133,7 @@ class _Base:
         Returns:
             A tree of `PartitionSpec` mirroring `params`.
         """
-        return _map_specs(self, params, mesh, logical, for_optimizer=False)
+        return map_specs(self, params, mesh, logical, for_optimizer=False)
 
     def opt_state_specs(self, params: Any, mesh, *, logical: Any = None) -> Any:
         """PartitionSpecs for per-parameter optimizer state (e.g. Adam's mu and nu).
@@ -156,7 +141,7 @@ class _Base:
         Same as `param_specs` except under ZeRO-1, where optimizer state is split over
         "fsdp" while the parameters stay replicated.
         """
-        return _map_specs(self, params, mesh, logical, for_optimizer=True)
+        return map_specs(self, params, mesh, logical, for_optimizer=True)
 
     def compute_spec(self, spec: P) -> P:
         """The layout a parameter has while used in compute: "fsdp" removed (all-gathered)."""
@@ -215,21 +200,6 @@ def _fmt(degrees: Mapping[str, int]) -> str:
     return " x ".join(f"{k}={v}" for k, v in degrees.items())
 
 
-def _size(mesh, axis: str) -> int:
-    # `mesh.shape` (name -> size) exists on both Mesh and AbstractMesh, so layouts can be
-    # planned for a mesh larger than the devices present (no `mesh.devices` needed).
-    return int(dict(mesh.shape).get(axis, 1))
-
-
-def drop_axis(entry, axis: str):
-    if entry is None or entry == axis:
-        return None
-    if isinstance(entry, tuple):
-        rest = tuple(e for e in entry if e != axis)
-        return rest if len(rest) > 1 else (rest[0] if rest else None)
-    return entry
-
-
 def _check_degrees(sizes: Mapping[str, int]) -> None:
     for k, v in sizes.items():
         if not isinstance(v, int) or (v != -1 and v < 1):
@@ -249,150 +219,6 @@ def _resolve(n_devices: int, sizes: Mapping[str, int]) -> dict[str, int]:
     return fill_rest(sizes, n_devices)
 
 
-def _map_specs(strategy, params, mesh, logical, *, for_optimizer: bool):
-    flat, treedef = jax.tree_util.tree_flatten_with_path(params)
-    names = [None] * len(flat) if logical is None else _flatten_up_to(treedef, logical)
-    rules = getattr(strategy, "rules", None)
-    if rules is not None:  # a shardkit.Rules gives the layouts (validated against the mesh)
-        specs = _rule_specs(rules, flat, names, mesh)
-        lint(params, jax.tree_util.tree_unflatten(treedef, specs), mesh).raise_if_errors()
-        specs = jax.tree_util.tree_unflatten(treedef, specs)
-        if strategy.zero == 1 and not for_optimizer:
-            specs = jax.tree.map(strategy.compute_spec, specs, is_leaf=lambda x: isinstance(x, P))
-        return specs
-    specs = [
-        leaf_spec(
-            strategy,
-            path_str(path),
-            tuple(getattr(leaf, "shape", ())),
-            nm,
-            mesh,
-            for_optimizer=for_optimizer,
-        )
-        for (path, leaf), nm in zip(flat, names, strict=True)
-    ]
-    _check_tensor_names(strategy, mesh, names)
-    return jax.tree_util.tree_unflatten(treedef, specs)
-
-
-def _rule_specs(rules, flat, names, mesh) -> list[P]:
-    """Each leaf's spec from `rules`: a matching path rule, else its annotation's names
-    translated by `rules.logical`, else the default. A strategy axis ("data", "fsdp",
-    "tensor", "stage") that the mesh lacks has size 1 there (the mesh drops such axes), so
-    it is dropped from the spec: one Rules serves every degree."""
-    absent = {"data", "fsdp", "tensor", "stage"} - set(dict(mesh.shape))
-    out = []
-    for (path, leaf), nm in zip(flat, names, strict=True):
-        where = path_str(path)
-        match = rules.match(where)
-        spec = match.spec
-        if match.source in (None, "default") and nm:
-            spec = rules.translate(P(*nm))
-        if spec is None:
-            raise UnmatchedLeafError(
-                f"leaf {where!r} (shape {tuple(leaf.shape)}) is matched by no rule of {rules!r}"
-                " and has no axis names; fix: add a rule for it, e.g. "
-                f"({where.split('/')[-1]!r}, P()), or Rules(..., default=P())."
-            )
-        for axis in absent:
-            spec = P(*(drop_axis(e, axis) for e in spec))
-        out.append(spec)
-    return out
-
-
-def _check_tensor_names(strategy, mesh, names) -> None:
-    """Tensor parallelism over names none of which it knows would replicate every weight."""
-    if _size(mesh, "tensor") == 1 or getattr(strategy, "tensor_rules", None) is not None:
-        return
-    found = sorted({n for nm in names if nm for n in nm if n is not None})
-    if not found or set(found) & set(TENSOR_NAMES + TENSOR_AXIS_NAMES):
-        return
-    raise UnmatchedLeafError(
-        f"{strategy!r} splits dims named {', '.join(TENSOR_NAMES)} (or the mesh axis names "
-        f"{', '.join(TENSOR_AXIS_NAMES)}) over 'tensor', but the model's parameters are "
-        f"annotated only with {found}: every weight would be replicated; fix: annotate the "
-        "column-parallel dims 'mlp' / 'heads' / 'vocab' (e.g. ('embed', 'mlp')), or pass "
-        "Hybrid(tensor=..., rules=shardkit.Rules([...])) mapping your names to mesh axes."
-    )
-
-
-def _flatten_up_to(treedef, tree):
-    return treedef.flatten_up_to(tree)
-
-
-def leaf_spec(strategy, path: str, shape: tuple[int, ...], names, mesh, *, for_optimizer=False):
-    """The PartitionSpec of one leaf: tensor dims from logical names or patterns, then FSDP."""
-    spec: list = [None] * len(shape)
-    stage = _size(mesh, "stage")
-    if stage > 1 and names and names[0] == "layers" and shape[0] % stage == 0:
-        spec[0] = "stage"  # consecutive layers per stage: the pipeline's split is local
-    tensor = _size(mesh, "tensor")
-    if tensor > 1:
-        dim = _tensor_dim(strategy, path, shape, names, tensor)
-        if dim is not None:
-            spec[dim] = "tensor"
-    fsdp = _size(mesh, "fsdp")
-    if fsdp > 1 and (strategy.zero == 3 or for_optimizer):
-        dim = _fsdp_dim(shape, names, spec, fsdp)
-        if dim is not None:
-            spec[dim] = "fsdp"
-    return P(*spec)
-
-
-def _tensor_dim(strategy, path, shape, names, tensor):
-    dim = tensor_request(strategy, path, shape, names)
-    # indivisible: replicated, and listed in the Trainer's notes (`indivisible_notes`)
-    return None if dim is None or shape[dim] % tensor else dim
-
-
-def tensor_request(strategy, path: str, shape: tuple[int, ...], names) -> int | None:
-    """The dim of a leaf that tensor parallelism is asked to split (by its logical names or
-    the strategy's `tensor_rules`), whether or not the tensor axis divides it; None if none."""
-    if names:
-        for logical in TENSOR_NAMES + TENSOR_AXIS_NAMES:
-            if logical in names:
-                return names.index(logical)
-        return None
-    rules = getattr(strategy, "tensor_rules", None)
-    if rules is None:
-        if len(shape) <= 1:  # a norm scale or bias without names: replicated (a lint note)
-            return None
-        raise UnmatchedLeafError(
-            f"leaf {path!r} (shape {shape}) has no logical axis names and {strategy!r} has no "
-            "tensor_rules, so tensor parallelism cannot tell which dim to split; fix: annotate "
-            "the parameter (kernel_init=nnx.with_partitioning(init, ('embed', 'mlp')) in NNX, "
-            "nn.with_logical_partitioning in Linen) or pass tensor_rules=((r'<path regex>', "
-            "<dim or None>), ..., (r'.*', None))."
-        )
-    for pattern, dim in rules:
-        if re.search(pattern, path):
-            if dim is None or not shape:
-                return None
-            if not -len(shape) <= dim < len(shape):
-                raise ShardkitValueError(
-                    f"tensor_rules: the rule ({pattern!r}, {dim}) splits dim {dim} of leaf "
-                    f"{path!r}, which has {len(shape)} dims (shape {shape}); fix: a dim in "
-                    f"{-len(shape)}..{len(shape) - 1}, or None to replicate it."
-                )
-            return dim % len(shape)
-    raise UnmatchedLeafError(
-        f"leaf {path!r} (shape {shape}) matches no tensor_rules pattern of {strategy!r}; "
-        "fix: add a rule for it, e.g. (r'.*', None) last to replicate everything else."
-    )
-
-
-def _fsdp_dim(shape, names, spec, fsdp):
-    best = None
-    for dim, size in enumerate(shape):
-        if spec[dim] is not None or size % fsdp:
-            continue
-        if names and names[dim] in NEVER_SHARDED:
-            continue
-        if best is None or size > shape[best]:
-            best = dim
-    return best
-
-
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Hybrid(_Base):
     """Composes data, FSDP, tensor and pipeline parallelism over a 1-D to 4-D mesh.
@@ -408,6 +234,8 @@ class Hybrid(_Base):
         rules: a `shardkit.Rules` that gives every parameter's PartitionSpec over the mesh
             axes "data", "fsdp", "tensor" instead of the automatic layouts (optimizer state
             follows; with zero=1 parameters drop "fsdp"). Unmatched leaves are its errors.
+            Rules that never name "fsdp" leave the automatic FSDP split on for the dims they
+            leave whole (`shardkit.strategies.layouts`).
         pipeline: a `Pipeline(stages=p, schedule=..., microbatches=m)` adds mesh axis "stage"
             (outermost): the stacked layers are split into stages and `Trainer` runs the
             schedule. Combines with data and tensor, not with fsdp.

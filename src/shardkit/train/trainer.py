@@ -165,6 +165,7 @@ class Trainer(BatchPlacement):
                 workload=model.config,
                 precision=compute_dtype,
                 devices=devs,
+                mesh=None if mesh is None else dict(mesh.shape),
             )
         self.strategy = strategy
         self.mesh = mesh if mesh is not None else strategy.make_mesh(devices, axis_types=axis_types)
