@@ -184,6 +184,24 @@ def test_error_mismatched_inner_dims():
         skm(A, B)
 
 
+def test_error_operands_on_different_meshes_name_each_with_its_devices():
+    lo = jax.make_mesh((4,), ("x",), devices=jax.devices()[:4])
+    hi = jax.make_mesh((4,), ("x",), devices=jax.devices()[4:])  # same shape, other devices
+    a = jax.device_put(jnp.ones((16, 8)), NamedSharding(lo, P("x", None)))
+    b = jax.device_put(jnp.ones((8, 16)), NamedSharding(hi, P(None, "x")))
+    for algorithm in ("auto", "gspmd"):
+        with pytest.raises(skm.MatmulLayoutError, match=r"A: \{'x': 4\} on devices \[0, 1, 2, 3\]"
+                           r", B: \{'x': 4\} on devices \[4, 5, 6, 7\]\); fix"):  # fmt: skip
+            skm.matmul(a, b, algorithm=algorithm)
+    wide, tall = jax.make_mesh((2, 4), ("r", "c")), jax.make_mesh((4, 2), ("r", "c"))
+    a = jax.device_put(jnp.ones((8, 8)), NamedSharding(wide, P("r", None)))
+    b = jax.device_put(jnp.ones((8, 8)), NamedSharding(tall, P(None, "c")))
+    with pytest.raises(
+        skm.MatmulLayoutError, match=r"A: \{'r': 2, 'c': 4\}.*B: \{'r': 4, 'c': 2\}"
+    ):
+        skm.matmul(a, b)
+
+
 def test_error_not_2d():
     mesh = _make_mesh("8", AxisType.Explicit)
     A = jax.device_put(jnp.ones((8, 4, 4)), NamedSharding(mesh, P("x")))

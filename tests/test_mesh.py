@@ -78,6 +78,10 @@ def test_lazy_top_level_names():
         (dict(axes={"d": 8}, axis_types="sideways"), "unknown mesh axis type 'sideways'"),
         (dict(axes={"d": 4, "m": 2}, axis_types=("auto",)), "1 entries but the mesh has 2"),
         (dict(axes={}), "at least one mesh axis"),
+        (
+            dict(axes=[("a", 2), ("b", 4)]),
+            r"\(name, size\) pairs; fix: make_mesh\(\{'a': 2, 'b': 4\}\)",
+        ),
         (dict(axes={"d": 1}, devices=[]), "devices is empty"),
     ],
 )

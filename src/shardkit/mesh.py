@@ -81,6 +81,12 @@ def _resolve_shape(
         names, shape = tuple(axes.keys()), tuple(axes.values())
     else:
         shape = (axes,) if isinstance(axes, (int, np.integer)) else tuple(axes)
+        pairs = all(isinstance(p, (tuple, list)) and len(p) == 2 for p in shape)
+        if shape and pairs and all(isinstance(n, str) for n, _ in shape):
+            raise MeshError(
+                f"make_mesh({list(shape)}) got (name, size) pairs; fix: "
+                f"make_mesh({dict(shape)}), a dict of mesh axis name -> size."
+            )
         if axis_names is None:
             raise MeshError(
                 f"make_mesh({shape}) needs axis_names (one name per mesh axis); fix: "

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -218,6 +219,7 @@ def layout_of(
         )
     sa_, sb_ = _sharding_of(a, "A"), _sharding_of(b, "B")
     meshes = [s.mesh for s in (sa_, sb_) if s is not None]
+    given = mesh
     if mesh is None:
         if not meshes:
             traced = any(isinstance(x, jax.core.Tracer) for x in (a, b))
@@ -232,11 +234,15 @@ def layout_of(
                 "Explicit axes when calling inside jit)."
             )
         mesh = meshes[0]
-    for m in meshes:
-        if m.shape != mesh.shape or m.axis_names != mesh.axis_names:
+    for s in (sa_, sb_):
+        if s is not None and not _same_mesh(s.mesh, mesh):
+            where = {"A": sa_, "B": sb_}
+            shown = ", ".join(f"{k}: {_describe(v.mesh)}" for k, v in where.items() if v)
+            if given is not None:
+                shown += f", mesh=: {_describe(given)}"
             raise MatmulLayoutError(
-                f"A and B live on different meshes ({dict(m.shape)} vs {dict(mesh.shape)}); "
-                "fix: jax.device_put both operands with NamedShardings on the same mesh."
+                f"A and B live on different meshes ({shown}); fix: jax.device_put both "
+                "operands with NamedShardings on the same mesh."
             )
 
     def spec_of(s: NamedSharding | None, given: object) -> object:
@@ -250,6 +256,26 @@ def layout_of(
     check_divisible(tuple(b.shape), sb, mesh, name="B")
     dtype = jnp.result_type(a.dtype, b.dtype)
     return MatmulLayout(mesh, a.shape[0], a.shape[1], b.shape[1], dtype.itemsize, sa, sb)
+
+
+def _device_ids(mesh: Any) -> tuple[int, ...] | None:
+    """The ids of a concrete mesh's devices in mesh order; None for an abstract mesh."""
+    try:
+        return tuple(int(d.id) for d in mesh.devices.flat)
+    except Exception:  # noqa: BLE001 - an AbstractMesh (inside jit) has no devices
+        return None
+
+
+def _same_mesh(m: Any, n: Any) -> bool:
+    """Same axis names and sizes, and the same devices where both meshes have them."""
+    ids = _device_ids(m), _device_ids(n)
+    same_devices = None in ids or ids[0] == ids[1]
+    return m.axis_names == n.axis_names and dict(m.shape) == dict(n.shape) and same_devices
+
+
+def _describe(mesh: Any) -> str:
+    ids = _device_ids(mesh)
+    return f"{dict(mesh.shape)}" + ("" if ids is None else f" on devices {list(ids)}")
 
 
 def pspec(spec: Sequence[str | None]) -> P:
