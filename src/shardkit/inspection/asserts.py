@@ -19,15 +19,16 @@ Example:
 from __future__ import annotations
 
 import numbers
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
 
-from shardkit.errors import ShardkitError, ShardkitTypeError, ShardkitValueError
+from shardkit.errors import ShardkitError, ShardkitValueError
 from shardkit.inspection.audit import inspect
 from shardkit.inspection.hlo import COLLECTIVE_KINDS
-from shardkit.inspection.report import Report
+from shardkit.inspection.options import check_byte_bound
+from shardkit.inspection.report import Collective, Report
 
 
 class CollectiveAssertionError(ShardkitError, AssertionError):
@@ -71,19 +72,71 @@ def _check_expect(expect: Mapping[str, int] | None) -> dict[str, int]:
     return {k: int(v) for k, v in expect.items()}
 
 
-def _check_bytes(v: Any, arg: str) -> None:
-    """A byte bound is None or a real number >= 0 (not a bool, not a string like '1MiB')."""
-    if v is None:
+_LOWER_BOUND = "a lower bound"
+_UNKNOWN_FIX = (
+    "fix: give the loop a static length (jax.lax.fori_loop with Python int bounds, or "
+    "jax.lax.scan with length=), so XLA states its trip count; or assert only what does not "
+    "depend on it: forbid= and max_bytes= (bytes per execution)."
+)
+
+
+def _loop_of(c: Collective) -> str:
+    """Why `c`'s count is unknown: the while loop around it (by JAX's name stack), its HLO
+    computation and its source line."""
+    parts = (c.op_name or "").split("/")
+    ends = [i for i, p in enumerate(parts) if p == "while" or p.startswith("while[")]
+    loop = f"the while loop {'/'.join(parts[: ends[-1] + 1])}" if ends else "a while loop"
+    return (
+        f"{c.kind} %{c.name} runs inside {loop} (HLO computation %{c.computation}) at "
+        f"{c.where}, which has no trip count XLA states, so it is counted once"
+    )
+
+
+def _unknown(cs: Iterable[Collective]) -> str:
+    """`""`, or the note that a count over `cs` is only a lower bound, and why."""
+    loops = list(dict.fromkeys(_loop_of(c) for c in cs if c.count is None))
+    return f" ({_LOWER_BOUND}: {'; '.join(loops)})" if loops else ""
+
+
+def _problems(
+    report: Report,
+    forbid: list[str],
+    expect: dict[str, int],
+    max_bytes: float | None,
+    max_total_bytes: float | None,
+) -> Iterator[tuple[str, tuple[Collective, ...]]]:
+    """(what is broken, the collectives that break it) for each failed expectation. A count
+    or total over a loop of unknown trip count is a lower bound, so asserting it fails."""
+    for kind in forbid:
+        cs = report.of_kind(kind)
+        if cs:
+            yield f"forbidden {kind}: {len(cs)} found", cs
+    for kind, want in expect.items():
+        cs = report.of_kind(kind)
+        got = sum(c.count if c.count is not None else 1 for c in cs)
+        note = _unknown(cs)
+        if note:
+            yield f"expected {want} {kind} per call, found at least {got}{note}", cs
+        elif got != want:
+            yield f"expected {want} {kind} per call, found {got}", cs
+    if max_bytes is not None:
+        cs = tuple(c for c in report.collectives if c.bytes_moved > max_bytes)
+        if cs:
+            yield f"{len(cs)} collective(s) move more than {max_bytes:,.0f} bytes", cs
+    if max_total_bytes is None:
         return
-    if not isinstance(v, numbers.Real) or isinstance(v, bool | np.bool_):
-        raise ShardkitTypeError(
-            f"assert_collectives({arg}={v!r}): a byte bound must be a number of bytes, got "
-            f"{type(v).__name__}; fix: {arg}=2**20 for 1 MiB."
+    total, note = report.total_bytes, _unknown(report.collectives)
+    if note:
+        yield (
+            f"max_total_bytes={max_total_bytes:,.0f}: all collectives move at least "
+            f"{total:,.0f} bytes per device per call{note}",
+            report.collectives,
         )
-    if v < 0:
-        raise ShardkitValueError(
-            f"assert_collectives({arg}={v!r}): a byte bound must be >= 0; fix: {arg}=0 to "
-            f"allow no bytes, or {arg}=2**20 for 1 MiB."
+    elif total > max_total_bytes:
+        yield (
+            f"all collectives move {total:,.0f} bytes per device per call, more than "
+            f"{max_total_bytes:,.0f}",
+            report.collectives,
         )
 
 
@@ -99,8 +152,11 @@ def assert_collectives(
 ) -> Report:
     """Compiles `fn` for `args` and asserts facts about its collectives.
 
-    Counts are executions per call: static occurrences times the loop trip counts XLA states
-    (a collective in a loop without a stated trip count counts once, and the message says so).
+    Counts are executions per call: static occurrences times the loop trip counts XLA states.
+    A collective in a loop without a stated trip count (a `lax.while_loop` with a
+    data-dependent condition) has only a lower bound on its count, so an `expect=` of its kind
+    and a `max_total_bytes=` fail, naming the loop; `forbid=` and `max_bytes=` (bytes per
+    execution) do not depend on counts and are checked as usual.
 
     Args:
         fn: a function, a jitted function, or a `Lowered`/`Compiled` object.
@@ -120,8 +176,9 @@ def assert_collectives(
         The `Report`, for further checks.
 
     Raises:
-        CollectiveAssertionError: when an expectation fails; the message lists the offending
-            collectives with bytes and source lines.
+        CollectiveAssertionError: when an expectation fails, or depends on a loop count XLA
+            does not state; the message lists the offending collectives with bytes and
+            source lines.
         ValueError: for an unknown collective kind in `forbid` or `expect`, a count that is
             not an int >= 0, a negative byte bound, or a `mesh` other than the arguments'.
         TypeError: a byte bound that is not a number (e.g. the string `"1MiB"`).
@@ -140,39 +197,16 @@ def assert_collectives(
     forbid = [forbid] if isinstance(forbid, str) else list(forbid or ())
     _check_kinds(forbid, "forbid")
     expect = _check_expect(expect)
-    _check_bytes(max_bytes, "max_bytes")
-    _check_bytes(max_total_bytes, "max_total_bytes")
+    check_byte_bound(max_bytes, "max_bytes", "assert_collectives")
+    check_byte_bound(max_total_bytes, "max_total_bytes", "assert_collectives")
     report = inspect(fn, *args, mesh=mesh, **kwargs)
     problems: list[str] = []
     lines: list[str] = []
-
-    def offenders(cs):
-        return ["  " + c.describe() for c in cs]
-
-    for kind in forbid:
-        cs = report.of_kind(kind)
-        if cs:
-            problems.append(f"forbidden {kind}: {len(cs)} found")
-            lines.extend([problems[-1], *offenders(cs)])
-    for kind, want in expect.items():
-        cs = report.of_kind(kind)
-        got = sum(c.count if c.count is not None else 1 for c in cs)
-        if got != want:
-            unknown = any(c.count is None for c in cs)
-            note = " (a loop around one has no known trip count; counted once)" if unknown else ""
-            problems.append(f"expected {want} {kind} per call, found {got}{note}")
-            lines.extend([problems[-1], *offenders(cs)])
-    if max_bytes is not None:
-        cs = [c for c in report.collectives if c.bytes_moved > max_bytes]
-        if cs:
-            problems.append(f"{len(cs)} collective(s) move more than {max_bytes:,.0f} bytes")
-            lines.extend([problems[-1], *offenders(cs)])
-    if max_total_bytes is not None and report.total_bytes > max_total_bytes:
-        problems.append(
-            f"all collectives move {report.total_bytes:,.0f} bytes per device per call, more "
-            f"than {max_total_bytes:,.0f}"
-        )
-        lines.extend([problems[-1], *offenders(report.collectives)])
+    for problem, cs in _problems(report, forbid, expect, max_bytes, max_total_bytes):
+        problems.append(problem)
+        lines.extend([problem, *("  " + c.describe() for c in cs)])
+    if any(_LOWER_BOUND in p for p in problems):
+        lines.append(_UNKNOWN_FIX)
     if problems:
         raise CollectiveAssertionError(
             f"{report.name}: collectives differ from what was asserted:\n" + "\n".join(lines),

@@ -33,6 +33,7 @@ from shardkit.inspection import groups as groups_mod
 from shardkit.inspection import hlo
 from shardkit.inspection.compiled_layout import input_pairs, layout_for
 from shardkit.inspection.compiling import compile_for
+from shardkit.inspection.options import check_byte_bound, check_options
 from shardkit.inspection.report import Collective, Cost, Finding, MemoryStats, Report
 from shardkit.mesh import describe_mesh
 
@@ -249,11 +250,99 @@ def _cost(compiled: Any) -> Cost:
     )
 
 
-def _findings(
-    compiled: Any, colls: tuple[Collective, ...], large_bytes: float, platform: str
-) -> tuple[Finding, ...]:
+_GATHER_LIKE = ("dynamic-update-slice", "pad")  # a device's block written into a zero buffer
+_PASS_THROUGH = (*_LAYOUT_ONLY, "convert", "reshape")
+
+
+def _producer(module: hlo.HloModule, ins: hlo.Instruction | None) -> hlo.Instruction | None:
+    """The instruction that computes `ins`'s values: through copies, casts and reshapes, and
+    into a fusion's root."""
+    for _ in range(64):  # a chain of pass-through ops; HLO has no cycles, the bound is a guard
+        if ins is None:
+            return None
+        if ins.opcode == "fusion":
+            callee = ins.attr("calls")
+            body = module.computations.get(callee.lstrip("%")) if callee else None
+            ins = next((i for i in reversed(body or []) if i.is_root), None)
+        elif ins.opcode in _PASS_THROUGH and ins.operands:
+            ins = module.symbol(ins.computation, ins.operands[0])
+        else:
+            return ins
+    return ins
+
+
+def _materialises(module: hlo.HloModule, c: Collective) -> bool:
+    """Whether `c` assembles an array from every device's block: an all-gather, or an all-reduce
+    of a zero buffer with this device's block written in (XLA's spelling of a gather as a sum).
+    An all-reduce of computed values (a gradient, a partial sum) assembles nothing."""
+    if c.kind == "all-gather":
+        return True
+    ins = module.symbol(c.computation, c.name) if c.kind == "all-reduce" else None
+    for name in ins.operands if ins is not None else ():
+        op = _producer(module, module.symbol(ins.computation, name))
+        if op is not None and op.opcode in _GATHER_LIKE:
+            return True
+    return False
+
+
+def _implicit_gather(
+    module: hlo.HloModule, c: Collective, i: int, sharded_inputs: list[tuple[tuple, int]]
+) -> Finding | None:
+    """The `implicit-gather` warning for `c`: it assembles a whole sharded input on every
+    device (its result has that input's element count), so the operation is not partitioned."""
+    if c.group_size <= 1 or not c.result_shapes or not _materialises(module, c):
+        return None
+    res = hlo.parse_shape(c.result_shapes[0])
+    elems = math.prod(res[0].dims) if res else 0
+    match = next((s for s, n in sharded_inputs if n == elems), None)
+    if match is None:
+        return None
+    return Finding(
+        "implicit-gather",
+        f"{c.kind} #{i} materialises a whole sharded operand ({c.result_shapes[0]}, global "
+        f"shape {list(match)}) on every device at {c.where}. The operation is not "
+        "partitioned: each device computes on the full array; fix: use a distributed "
+        "algorithm (shard_map with explicit collectives, e.g. shardkit.fft / shardkit.linalg) "
+        "or reshard so no operand needs gathering.",
+        i,
+    )
+
+
+def _replicated_outputs(compiled: Any, replicated_inputs: set[tuple]) -> list[Finding]:
+    """`replicated-output` warnings: outputs every device holds whole, unless shaped like a
+    replicated input (data-parallel parameters come back replicated on purpose)."""
     import jax
 
+    found = []
+    flat_out, treedef = jax.tree_util.tree_flatten_with_path(compiled.out_info)
+    for (path, info), sh in zip(
+        flat_out, treedef.flatten_up_to(compiled.output_shardings), strict=True
+    ):
+        if (
+            getattr(sh, "is_fully_replicated", False)
+            and math.prod(info.shape) > 1
+            and (tuple(info.shape), str(info.dtype)) not in replicated_inputs
+        ):
+            name = "out" + jax.tree_util.keystr(path)
+            found.append(
+                Finding(
+                    "replicated-output",
+                    f"output {name} {info.dtype}{list(info.shape)} is fully replicated "
+                    "although an input is sharded: every device holds the whole result; "
+                    "fix: jax.jit(f, out_shardings=NamedSharding(mesh, P(...))) or "
+                    "jax.lax.with_sharding_constraint on the result.",
+                )
+            )
+    return found
+
+
+def _findings(
+    compiled: Any,
+    module: hlo.HloModule,
+    colls: tuple[Collective, ...],
+    large_bytes: float,
+    platform: str,
+) -> tuple[Finding, ...]:
     found: list[Finding] = []
     pairs = [(info, sh) for _, info, sh in input_pairs(compiled) if sh is not None]  # used ones
     sharded_inputs = [
@@ -268,23 +357,9 @@ def _findings(
         if getattr(sh, "is_fully_replicated", False)
     }
     for i, c in enumerate(colls):
-        if c.kind in ("all-gather", "all-reduce") and c.group_size > 1:
-            res = hlo.parse_shape(c.result_shapes[0]) if c.result_shapes else ()
-            elems = math.prod(res[0].dims) if res else 0
-            match = next((s for s, n in sharded_inputs if n == elems), None)
-            if match is not None:
-                found.append(
-                    Finding(
-                        "implicit-gather",
-                        f"{c.kind} #{i} materialises a whole sharded operand "
-                        f"({c.result_shapes[0]}, global shape {list(match)}) on every device at "
-                        f"{c.where}. The operation is not partitioned: each device computes on "
-                        "the full array; fix: use a distributed algorithm (shard_map with "
-                        "explicit collectives, e.g. shardkit.fft / shardkit.linalg) or reshard "
-                        "so no operand needs gathering.",
-                        i,
-                    )
-                )
+        gather = _implicit_gather(module, c, i, sharded_inputs)
+        if gather is not None:
+            found.append(gather)
         if c.total_bytes > large_bytes:
             found.append(
                 Finding(
@@ -308,25 +383,7 @@ def _findings(
                 )
             )
     if sharded_inputs:
-        flat_out, treedef = jax.tree_util.tree_flatten_with_path(compiled.out_info)
-        for (path, info), sh in zip(
-            flat_out, treedef.flatten_up_to(compiled.output_shardings), strict=True
-        ):
-            if (
-                getattr(sh, "is_fully_replicated", False)
-                and math.prod(info.shape) > 1
-                and (tuple(info.shape), str(info.dtype)) not in replicated_inputs
-            ):
-                name = "out" + jax.tree_util.keystr(path)
-                found.append(
-                    Finding(
-                        "replicated-output",
-                        f"output {name} {info.dtype}{list(info.shape)} is fully replicated "
-                        "although an input is sharded: every device holds the whole result; "
-                        "fix: jax.jit(f, out_shardings=NamedSharding(mesh, P(...))) or "
-                        "jax.lax.with_sharding_constraint on the result.",
-                    )
-                )
+        found.extend(_replicated_outputs(compiled, replicated_inputs))
     return tuple(found)
 
 
@@ -380,7 +437,11 @@ def inspect(
     See also:
         `shardkit.assert_collectives`, `shardkit.inspection.compiled_layout`.
     """
-
+    check_byte_bound(large_bytes, "large_bytes", "inspect")
+    given = {"mesh": mesh, "branch_counts": branch_counts}
+    if large_bytes != DEFAULT_LARGE_BYTES:
+        given["large_bytes"] = large_bytes
+    check_options(fn, args, kwargs, given)
     compilation = compile_for(fn, args, kwargs)
     compiled = compilation.compiled
     found = _find_mesh(compiled, mesh)
@@ -412,7 +473,7 @@ def inspect(
         module, names, sizes, branch_counts=branch_counts, fallback=_definition(fn)
     )
     platform = _platform(compiled)
-    findings = _findings(compiled, colls, large_bytes, platform)
+    findings = _findings(compiled, module, colls, large_bytes, platform)
     parse_seconds = parse_text + time.perf_counter() - t1
     return Report(
         name=module.name,

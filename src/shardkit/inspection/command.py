@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import math
 import os
 import re
 import sys
@@ -107,6 +108,56 @@ def parse_arg_spec(text: str) -> tuple[str, tuple[int, ...], str | None]:
     dims = tuple(int(d) for d in m.group(2).replace(" ", "").split(",") if d)
     spec = m.group(3)
     return _DTYPES[m.group(1)], dims, (spec.strip() if spec is not None else None)
+
+
+def check_arg_spec(text: str, shape: tuple[int, ...], spec: Any, mesh: Any) -> None:
+    """Checks one `--args` item's PartitionSpec against its shape and the mesh, as the rule
+    linter checks a leaf, before JAX sees it.
+
+    Raises:
+        SpecRankError: the spec has more entries than the array has dims.
+        DuplicateMeshAxisError: a mesh axis splits two dims.
+        UnknownMeshAxisError: the spec names a mesh axis `--mesh` does not have.
+        IndivisibleShardingError: a dim is not divisible by the mesh axes it is split over.
+        (All are `ValueError`s; the message names the `--args` item and ends with a fix.)
+    """
+    # lazy: `shardkit inspect --help` starts no JAX (the linter imports it)
+    from shardkit.linter import LintFinding, LintReport, check_leaf
+
+    sizes = {str(k): int(v) for k, v in dict(mesh.shape).items()}
+    errors = [f for f in check_leaf(text, shape, spec, sizes) if f.severity == "error"]
+    if not errors:
+        return
+    first = errors[0]
+    detail = first.message.removeprefix(f"leaf {text!r} ")
+    detail += " On the command line: " + _cli_fix(first.code, text, shape, spec, sizes)
+    # the linter raises the precise error of its finding (IndivisibleShardingError, ...)
+    finding = LintFinding(text, first.code, "error", f"--args {text!r}: {detail}")
+    LintReport(findings=[finding], leaves=[], mesh_sizes=sizes).raise_if_errors()
+
+
+def _cli_fix(code: str, text: str, shape: tuple[int, ...], spec: Any, sizes: dict) -> str:
+    """The fix of a linter finding in `--args` syntax (`_` for an unsplit dimension)."""
+    head = text.split("@", 1)[0].strip()
+    entries = list(spec)
+
+    def item(spec_entries: list) -> str:
+        cells = [
+            "_" if e is None else e if isinstance(e, str) else "+".join(e) for e in spec_entries
+        ]
+        return f"--args '{head}@{','.join(cells)}'"
+
+    if code == "rank":
+        return f"{item(entries[: len(shape)])}."
+    if code == "indivisible":
+        for dim, e in enumerate(entries):
+            axes = () if e is None else (e,) if isinstance(e, str) else tuple(e)
+            if shape[dim] % math.prod(sizes[a] for a in axes):
+                entries[dim] = None
+        return f"{item(entries)}, or a --mesh whose sizes divide the dims."
+    if code == "unknown-axis":
+        return f"name only mesh axes of --mesh ({', '.join(sizes)}), or add the axis to --mesh."
+    return "use each mesh axis once in @SPEC."
 
 
 def _load_target(target: str) -> tuple[Any, dict[str, Any] | None]:
@@ -225,7 +276,9 @@ def run(args: argparse.Namespace) -> int:
                         f"--args {text!r} names mesh axes but no mesh is given; fix: add "
                         "--mesh data=4,model=2 (your mesh axis names and sizes)."
                     )
-                sharding = NamedSharding(mesh, parse_spec_arg(spec))
+                spec = parse_spec_arg(spec)
+                check_arg_spec(text, shape, spec, mesh)
+                sharding = NamedSharding(mesh, spec)
             call_args.append(jax.ShapeDtypeStruct(shape, jax.numpy.dtype(dtype), sharding=sharding))
         call_args = tuple(call_args)
         kwargs = {}

@@ -56,25 +56,119 @@ def _iota_groups(spec: str) -> list[list[int]] | None:
     return [flat[i : i + size] for i in range(0, total, size)]
 
 
-def _mesh_groups(spec: str) -> list[list[int]] | None:
+class _Unreadable(ShardkitValueError):
+    """Why a `mesh[...] {...}` spelling could not be read (`replica_groups` adds where)."""
+
+
+class _Reader:
+    """A cursor over a `mesh['a'=4,'b'=2](, device_ids=(...))? {'b'}` spelling.
+
+    Axis names are quoted (`'data parallel'`, `'a]b'`, `'y,2'`: anything but a quote, which
+    JAX cannot compile) or bare (`data`, or `0` for an axis index); a quoted name ends at the
+    next quote, so no character inside it is read as a separator.
+    """
+
+    def __init__(self, text: str):
+        self.text, self.pos = text, 0
+
+    def skip(self) -> None:
+        while self.pos < len(self.text) and self.text[self.pos].isspace():
+            self.pos += 1
+
+    def take(self, token: str) -> bool:
+        self.skip()
+        if self.text.startswith(token, self.pos):
+            self.pos += len(token)
+            return True
+        return False
+
+    def expect(self, token: str, what: str) -> None:
+        if not self.take(token):
+            raise _Unreadable(f"expected {token!r} {what} at character {self.pos}")
+
+    def name(self, stops: str) -> str:
+        """A quoted name, or a bare one running up to one of `stops`."""
+        self.skip()
+        if self.take("'"):
+            end = self.text.find("'", self.pos)
+            if end < 0:
+                raise _Unreadable(f"no closing quote for the name at character {self.pos - 1}")
+            out, self.pos = self.text[self.pos : end], end + 1
+            return out
+        start = self.pos
+        while self.pos < len(self.text) and self.text[self.pos] not in stops:
+            self.pos += 1
+        out = self.text[start : self.pos].strip()
+        if not out:
+            raise _Unreadable(f"expected a mesh axis name at character {start}")
+        return out
+
+    def integer(self, what: str) -> int:
+        self.skip()
+        m = re.compile(r"\d+").match(self.text, self.pos)
+        if not m:
+            raise _Unreadable(f"expected the {what} (an integer) at character {self.pos}")
+        self.pos = m.end()
+        return int(m.group())
+
+    def balanced(self, open_: str, close: str) -> str:
+        """The text up to the `close` matching an `open_` just read."""
+        depth, start = 1, self.pos
+        while self.pos < len(self.text):
+            c = self.text[self.pos]
+            depth += (c == open_) - (c == close)
+            self.pos += 1
+            if depth == 0:
+                return self.text[start : self.pos - 1]
+        raise _Unreadable(f"no closing {close!r} for the {open_!r} at character {start - 1}")
+
+
+def _read_mesh(spec: str) -> tuple[list[str], list[int], str | None, list[tuple[str, int, int]]]:
+    """(axis names, sizes, device_ids text or None, refs as (name, pre, size; 0 = whole))."""
+    r = _Reader(spec)
+    r.expect("mesh[", "to open the mesh axes")
+    names, sizes = [], []
+    while True:
+        names.append(r.name("=]"))
+        r.expect("=", f"after mesh axis {names[-1]!r}")
+        sizes.append(r.integer(f"size of mesh axis {names[-1]!r}"))
+        if r.take("]"):
+            break
+        r.expect(",", "between mesh axes")
+    ids = r.balanced("(", ")") if r.take(",") and r.take("device_ids=(") else None
+    r.expect("{", "to open the set of mesh axes the groups span")
+    refs: list[tuple[str, int, int]] = []
+    while not r.take("}"):
+        if refs:
+            r.expect(",", "between mesh axes")
+        name, pre, size = r.name(":,}"), 1, 0
+        if r.take(":("):
+            pre = r.integer("sub-axis pre-size")
+            r.expect(")", "after the sub-axis pre-size")
+            size = r.integer("sub-axis size")
+        refs.append((name, pre, size))
+        r.skip()
+        if r.pos >= len(spec):
+            raise _Unreadable("no closing '}' for the set of mesh axes")
+    return names, sizes, ids, refs
+
+
+def _mesh_groups(spec: str) -> list[list[int]]:
     """`mesh['a'=4,'b'=2] {'b'}` (optionally `, device_ids=(...)`, sub-axes `'a':(1)2`)."""
-    m = re.match(r"\s*mesh\[([^\]]*)\](?:,\s*device_ids=\((.*)\))?\s*\{([^}]*)\}", spec)
-    if not m:
-        return None
-    axes = re.findall(r"'?([\w.\-]+)'?\s*=\s*(\d+)", m.group(1))
-    names = [a for a, _ in axes]
-    sizes = [int(s) for _, s in axes]
+    names, sizes, ids_text, named_refs = _read_mesh(spec)
     total = math.prod(sizes)
-    ids = _device_ids(m.group(2), total) if m.group(2) else list(range(total))
-    if ids is None:
-        return None
+    ids = _device_ids(ids_text, total) if ids_text is not None else list(range(total))
+    if ids is None or len(ids) != total:
+        raise _Unreadable(f"device_ids=({ids_text}) does not list the {total} devices")
     refs = []
-    for ref in re.findall(r"'?([\w.\-]+)'?(?::\((\d+)\)(\d+))?", m.group(3)):
-        name, pre, size = ref
-        if not name:
-            continue
-        ax = names.index(name) if name in names else int(name)
-        refs.append((ax, int(pre) if pre else 1, int(size) if size else sizes[ax]))
+    for name, pre, size in named_refs:
+        if name in names:
+            ax = names.index(name)
+        elif name.isdigit() and int(name) < len(names):  # an axis index (a mesh without names)
+            ax = int(name)
+        else:
+            raise _Unreadable(f"mesh axis {name!r} is not one of the mesh axes {names}")
+        refs.append((ax, pre, size or sizes[ax]))
     groups: dict[tuple[int, ...], list[tuple[tuple[int, ...], int]]] = {}
     for pos in range(total):
         coords = _unravel(pos, sizes)
@@ -140,12 +234,17 @@ def replica_groups(instr: Instruction, num_partitions: int) -> list[list[int]]:
     raw = raw.strip()
     if raw.startswith("{"):
         return [[int(x) for x in re.findall(r"\d+", g)] for g in re.findall(r"\{([^{}]*)\}", raw)]
-    groups = _iota_groups(raw) if raw.startswith("[") else _mesh_groups(raw)
+    why = ""
+    try:
+        groups = _iota_groups(raw) if raw.startswith("[") else _mesh_groups(raw)
+    except _Unreadable as e:
+        groups, why = None, f": {e}"
     if groups is None:
         raise ShardkitValueError(
-            f"{key}={raw!r} of %{instr.name} is not a spelling of replica groups shardkit "
-            "knows (explicit {{...}}, iota [..]<=[..], mesh[...] {...}); fix: report the "
-            "HLO line to shardkit."
+            f"{key}={raw} of %{instr.name} is not a spelling of replica groups shardkit "
+            f"can read{why}. Known spellings: explicit {{{{...}}}}, iota [..]<=[..], "
+            "mesh['axis'=size,...] {'axis'}; fix: report the HLO line to shardkit, or name "
+            "the mesh axes with plain words (jax.make_mesh(..., ('data', 'model')))."
         )
     return groups
 

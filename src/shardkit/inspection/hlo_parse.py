@@ -228,21 +228,22 @@ class HloModule:
         return tuple(out)
 
 
-def _matching(text: str, start: int, open_: str, close: str) -> int:
-    """Index just past the bracket closing the one at `start`."""
+def _matching(text: str, start: int, open_: str, close: str, quotes: str = '"') -> int:
+    """Index just past the bracket closing the one at `start` (brackets inside strings quoted
+    with one of `quotes` do not count; a mesh's axis names are quoted with `'`)."""
     depth = 0
-    in_str = False
+    in_str = ""
     i = start
     n = len(text)
     while i < n:
         c = text[i]
         if in_str:
-            if c == "\\":
+            if c == "\\" and in_str == '"':
                 i += 1
-            elif c == '"':
-                in_str = False
-        elif c == '"':
-            in_str = True
+            elif c == in_str:
+                in_str = ""
+        elif c in quotes:
+            in_str = c
         elif c == open_:
             depth += 1
         elif c == close:
@@ -262,11 +263,11 @@ def _attr_value(attrs: str, key: str) -> str | None:
         return attrs[i : _matching(attrs, i, "{", "}")]
     if attrs.startswith("mesh[", i):
         # mesh['a'=4,'b'=2](, device_ids=(...))? {'a'}
-        j = _matching(attrs, i + 4, "[", "]")
+        j = _matching(attrs, i + 4, "[", "]", quotes="'")
         if attrs.startswith(", device_ids=(", j):
             j = _matching(attrs, j + len(", device_ids="), "(", ")")
         k = attrs.find("{", j)
-        return attrs[i : _matching(attrs, k, "{", "}")] if k >= 0 else attrs[i:j]
+        return attrs[i : _matching(attrs, k, "{", "}", quotes="'")] if k >= 0 else attrs[i:j]
     j = i
     depth = 0
     while j < len(attrs):

@@ -396,12 +396,23 @@ def _text(report: Report) -> str:
         lines.extend(_totals_lines(report))
         lines.append("bytes/exec per device, ring formulas: " + _formula_note(report))
     lines.extend(_summary_lines(report))
-    if report.layout is not None and report.layout.changed():
-        lines.append("layout changed by the compiler:")
-        lines.extend("  " + e.describe() for e in report.layout.changed())
+    changed = _layout_changes(report)
+    if changed:
+        lines.append(_LAYOUT_TITLE + ":")
+        lines.extend("  " + line for line in changed)
     for w in report.warnings:
         lines.append(f"warning [{w.code}]: {w.message}")
     return "\n".join(lines)
+
+
+_LAYOUT_TITLE = "layout changed by the compiler"
+
+
+def _layout_changes(report: Report) -> list[str]:
+    """One line per input or output whose compiled layout is not the one requested."""
+    if report.layout is None:
+        return []
+    return [e.describe() for e in report.layout.changed()]
 
 
 def _formula_note(report: Report) -> str:
@@ -436,6 +447,11 @@ def _html(report: Report) -> str:
         out.append("</tbody></table>")
         out.extend(f"<p>{e(line)}</p>" for line in _totals_lines(report))
     out.extend(f"<p>{e(line)}</p>" for line in _summary_lines(report))
+    changed = _layout_changes(report)
+    if changed:
+        out.append(f'<p>{_LAYOUT_TITLE}:</p>\n<ul class="layout">')
+        out.extend(f"<li>{e(line)}</li>" for line in changed)
+        out.append("</ul>")
     if report.warnings:
         out.append("<ul>")
         out.extend(
@@ -467,5 +483,9 @@ def _rich(report: Report) -> Any:
     parts: list[Any] = [table]
     parts.extend(Text(line) for line in _totals_lines(report) if report.collectives)
     parts.extend(Text(line) for line in _summary_lines(report))
+    changed = _layout_changes(report)
+    if changed:
+        parts.append(Text(_LAYOUT_TITLE + ":"))
+        parts.extend(Text("  " + line) for line in changed)
     parts.extend(Text(f"warning [{w.code}]: {w.message}", style="yellow") for w in report.warnings)
     return Group(*parts)
