@@ -70,11 +70,30 @@ from __future__ import annotations
 import dataclasses
 import functools
 import re
+import typing
 from typing import Any, Literal
 
 from shardkit.errors import ShardkitError, ShardkitValueError
+from shardkit.plan.checks import checked, checked_fields
 
 Topology = Literal["switch", "mesh", "torus2d", "torus3d", "host"]
+_TOPOLOGIES = typing.get_args(Topology)
+
+# how each figure of a profile is checked (`checks.checked`); "?": None is allowed, meaning
+# `_OPTIONAL[field]`; `peak_flops` and `topology` are checked on their own
+_FIELDS = {"hbm_bytes": "positive", "hbm_bw": "positive", "intra_bw": "positive",
+           "inter_bw": "positive", "domain": "count", "latency_intra": "nonnegative",
+           "latency_inter": "nonnegative", "eff_intra": "fraction", "eff_inter": "fraction",
+           "mfu_ceiling": "fraction", "memory_fraction": "fraction", "overlap": "share",
+           "overlap_inter": "share?", "dot_output_bytes": "count?", "activation_upcast": "count?",
+           "gathered_layers": "count?", "library_reduce_rows": "count?",
+           "gathered_bytes": "count?", "norm_input_bytes": "count?",
+           "accumulated_grad_bytes": "count?"}  # fmt: skip
+_OPTIONAL = {"overlap_inter": "the default: `overlap`", "gathered_layers": "the default: 2",
+             "library_reduce_rows": "the default: no such habit"} | dict.fromkeys(
+    ("dot_output_bytes", "activation_upcast", "gathered_bytes", "norm_input_bytes",
+     "accumulated_grad_bytes"), "the default: the compute dtype's bytes",
+)  # fmt: skip
 
 
 class UnknownHardwareError(ShardkitError, ValueError):
@@ -155,6 +174,14 @@ class Hardware:
             on shardkit's GPT under XLA:CPU, docs/plan.md). False: Korthikanti's per-tensor
             count (GPU and TPU profiles, not measured there).
         source: where the figures come from.
+
+    Raises:
+        ValueError: when built (or `replace`d) with a figure the cost model cannot use: a
+            peak, memory size or bandwidth that is not a finite number > 0, a latency below 0,
+            an efficiency, ceiling or memory fraction outside (0, 1], an overlap outside
+            [0, 1], a domain or byte count that is not a positive int (a float is refused,
+            even 8.0), or an unknown topology; the message names the field and its value and
+            ends with a fix.
     """
 
     name: str
@@ -185,18 +212,22 @@ class Hardware:
     source: str = ""
 
     def __post_init__(self):
-        for field in ("eff_intra", "eff_inter", "mfu_ceiling", "memory_fraction", "overlap",
-                      "overlap_inter"):  # fmt: skip
-            value = getattr(self, field)
-            if value is None and field == "overlap_inter":
-                continue
-            if not 0 < value <= 1 and not (field.startswith("overlap") and value == 0):
-                raise ShardkitValueError(
-                    f"Hardware {self.name!r}: {field}={value} must lie in (0, 1]; "
-                    f"fix: Hardware.replace({field}=0.9)."
-                )
-        if self.domain < 1:
-            raise ShardkitValueError(f"Hardware {self.name!r}: domain={self.domain} must be >= 1.")
+        where, setter = f"Hardware {self.name!r}: ", "Hardware.replace({arg}={value})"
+        peaks = self.peak_flops
+        if not isinstance(peaks, dict) or not peaks:
+            raise ShardkitValueError(
+                f"{where}peak_flops={peaks!r} must map dtypes to FLOP/s; fix: "
+                "Hardware.replace(peak_flops={'bf16': <dense bf16 FLOP/s per chip>})."
+            )
+        for dtype, flops in peaks.items():
+            fix = f"Hardware.replace(peak_flops={{..., {dtype!r}: <FLOP/s per chip>}})"
+            checked(flops, f"peak_flops[{dtype!r}]", "positive", where=where, fix=fix)
+        checked_fields(self, _FIELDS, where=where, setter=setter, optional=_OPTIONAL)
+        if self.topology not in _TOPOLOGIES:
+            raise ShardkitValueError(
+                f"{where}topology={self.topology!r} is not one of {', '.join(_TOPOLOGIES)}; "
+                "fix: Hardware.replace(topology='switch') (an NVSwitch node)."
+            )
 
     def peak(self, dtype: str = "bf16") -> float:
         """Dense peak FLOP/s for `dtype`.
@@ -255,11 +286,9 @@ class Hardware:
             >>> cpu.shared_by(8).peak("fp32") == cpu.peak("fp32") / 8
             True
         """
-        if devices < 1:
-            raise ShardkitValueError(
-                f"Hardware {self.name!r}: shared_by(devices={devices}) needs devices >= 1; fix: "
-                "pass the number of devices that share the chip (1 or more)."
-            )
+        devices = checked(devices, "devices", "count", where=f"Hardware {self.name!r}: shared_by: ",
+                          need="a positive int (devices >= 1)",
+                          fix="pass the number of devices that share the chip")  # fmt: skip
         share = 1.0 / devices
         return self.replace(
             peak_flops={k: v * share for k, v in self.peak_flops.items()},

@@ -15,19 +15,22 @@ Example:
 
 from __future__ import annotations
 
+import difflib
 import json
 import math
+import numbers
 from typing import Any
 
 from shardkit.common import format_bytes as _size
 from shardkit.errors import ShardkitError, ShardkitTypeError, ShardkitValueError
 from shardkit.plan import pipe
+from shardkit.plan.checks import checked
 from shardkit.plan.cost import Candidate, divisors, evaluate
 from shardkit.plan.hardware import Hardware, get_hardware
 from shardkit.plan.memory import model_state_bytes
 from shardkit.plan.report import render, table, why
 from shardkit.plan.runtime import Runtime, get_runtime
-from shardkit.plan.workload import REMAT_POLICIES, Dense, Transformer, preset
+from shardkit.plan.workload import REMAT_POLICIES, Dense, Transformer, check_remat, preset
 
 
 class NoValidLayoutError(ShardkitError, ValueError):
@@ -103,8 +106,8 @@ def plan(
         devices: number of chips.
         hardware: profile name ("h100", "a100", "tpu-v5p", "cpu", ...) or `Hardware`.
         batch: global batch in sequences (default: the workload's).
-        remat: fix the remat policy ("none", "dots", "dots_no_batch", "block"); default the
-            workload's ("auto": the search chooses).
+        remat: fix the remat policy ("none", "dots", "dots_no_batch", "block"), or "auto"
+            (the search chooses); None (the default): the workload's.
         schedule: pipeline schedule for stage > 1 ("1f1b", "gpipe", "interleaved" or
             "zb-h1"; `shardkit.plan.pipe`: the schedules shardkit's pipeline runs).
         virtual: model chunks per device for the interleaved schedule.
@@ -126,6 +129,9 @@ def plan(
         A `Plan`; `plan.best` is the fastest layout that fits.
 
     Raises:
+        ValueError: before the search, for `devices`, `batch`, `virtual` or `max_stage` not a
+            positive int (not a bool, nor a float, even 16.0), `zero` not a tuple of 1 and 3,
+            an unknown `remat` or `schedule`; the message names the argument and the fix.
         NoValidLayoutError: when no factorization of `devices` suits the shapes and batch.
         DoesNotFitError: when no layout fits in memory (says by how much and what would fit).
         UnknownHardwareError: for an unknown hardware name (lists the known ones).
@@ -137,27 +143,24 @@ def plan(
         >>> p.rank(p.find(data=8, tensor=8, stage=16))  # Megatron's layout, with ZeRO allowed
         20
     """
-    hw = get_hardware(hardware)
-    w = _as_workload(workload, batch)
-    allowed = tuple(zero)
-    if set(allowed) - {1, 3}:
-        raise ShardkitValueError(f"zero={zero!r}: allowed stages are 1 and 3; fix: zero=(3, 1).")
-    if not isinstance(devices, int) or devices < 1:
-        raise ShardkitValueError(f"devices={devices!r} must be a positive int; fix: devices=8.")
-    _check_options(schedule, virtual, max_stage)
-    layouts = _layouts(w, devices, max_stage)
-    if not layouts:
-        raise NoValidLayoutError(no_layout_message(w, devices, max_stage))
-    policies = [remat] if remat else (REMAT_POLICIES if w.remat == "auto" else [w.remat])
-    best: dict[tuple, Candidate] = {}
-    smallest: Candidate | None = None
-    evaluated = 0
+    devices, batch, allowed = _check_arguments(devices, batch, zero, remat)
     if collective_matmul and not sequence_parallel:
         raise ShardkitValueError(
             "plan(collective_matmul=True) overlaps sequence parallelism's all-gathers and "
             "reduce-scatters, and sequence_parallel is off; fix: plan(..., "
             "sequence_parallel=True, collective_matmul=True) (--sequence-parallel)."
         )
+    virtual, max_stage = _check_options(schedule, virtual, max_stage)
+    hw = get_hardware(hardware)
+    w = _as_workload(workload, batch)
+    layouts = _layouts(w, devices, max_stage)
+    if not layouts:
+        raise NoValidLayoutError(no_layout_message(w, devices, max_stage))
+    remat = w.remat if remat is None else remat
+    policies = REMAT_POLICIES if remat == "auto" else [remat]
+    best: dict[tuple, Candidate] = {}
+    smallest: Candidate | None = None
+    evaluated = 0
     sched = (schedule, virtual, sequence_parallel, collective_matmul, get_runtime(runtime))
     for c in _variants(w, hw, layouts, policies, allowed, sched):
         evaluated += 1
@@ -211,22 +214,42 @@ def _variants(w, hw, layouts, policies, allowed, sched):
                         break
 
 
-def _check_options(schedule: str, virtual: int, max_stage: int | None) -> None:
-    """Raises on pipeline options that no layout could use, before the search."""
+def _check_arguments(devices: Any, batch: Any, zero: Any, remat: Any):
+    """`devices` and `batch` as ints, the ZeRO stages `zero` allows as a tuple of ints; raises
+    on any of them, or `remat`, that no plan could use (`checks.checked`)."""
+    devices = checked(devices, "devices", "count", where="plan: ")
+    batch = checked(batch, "batch", "count", where="plan: ", need="positive (an int)",
+                    optional="the default: the workload's batch")  # fmt: skip
+    if remat is not None:
+        check_remat(remat, "plan: ")
+    if isinstance(zero, tuple | list) and all(
+        isinstance(z, numbers.Integral) and not isinstance(z, bool) and z in (1, 3) for z in zero
+    ):
+        return devices, batch, tuple(int(z) for z in zero)
+    fix = "zero=(3, 1) (both), zero=(3,), zero=(1,) or zero=() (no fsdp axis)"
+    if isinstance(zero, numbers.Integral) and not isinstance(zero, bool) and zero in (1, 3):
+        fix = f"zero=({zero},) (a tuple of stages), or zero=(3, 1) to allow both"
+    raise ShardkitValueError(
+        f"plan: zero={zero!r} must be a tuple of ZeRO stages over 'fsdp': allowed stages are "
+        f"1 and 3 (() allows no fsdp axis); fix: {fix}."
+    )
+
+
+def _check_options(schedule: str, virtual: int, max_stage: int | None) -> tuple[int, int | None]:
+    """Raises on pipeline options that no layout could use, before the search; returns
+    `virtual` and `max_stage` as ints."""
     pipe.schedule_object(schedule)  # an unknown name raises, naming the known ones
-    if max_stage is not None and (not isinstance(max_stage, int) or max_stage < 1):
-        raise ShardkitValueError(
-            f"max_stage={max_stage!r} must be a positive int (1: no pipeline); fix: "
-            "max_stage=1, or leave it None to try every pipeline degree."
-        )
-    if not isinstance(virtual, int) or virtual < 1:
-        raise ShardkitValueError(f"virtual={virtual!r} must be a positive int; fix: virtual=2.")
+    fix = "max_stage=1 (no pipeline), or leave it None to try every pipeline degree"
+    max_stage = checked(max_stage, "max_stage", "count", where="plan: ", fix=fix,
+                        optional="the default: every pipeline degree")  # fmt: skip
+    virtual = checked(virtual, "virtual", "count", where="plan: ", fix="virtual=2")
     if schedule == "interleaved" and virtual < 2:
         raise ShardkitValueError(
             f"schedule='interleaved' with virtual={virtual}: the interleaved schedule gives "
             "each device at least 2 model chunks; fix: virtual=2 (--virtual 2), or "
             "schedule='1f1b' for one chunk per device."
         )
+    return virtual, max_stage
 
 
 def _devices_that_fit(w, hw, n, policies, allowed, sched, max_stage) -> int | None:
@@ -333,6 +356,12 @@ def _no_fit_message(w, hw: Hardware, n: int, smallest, policies, more, zero3: bo
     )
 
 
+# what `Plan.find` matches on: the degrees, then a row's settings
+_FIND_KEYS = ("data", "fsdp", "tensor", "stage", "zero", "remat", "microbatches", "micro_batch",
+              "schedule", "virtual", "sequence_parallel", "collective_matmul",
+              "runtime")  # fmt: skip
+
+
 class Plan:
     """Ranked layouts for one workload on one machine.
 
@@ -382,7 +411,24 @@ class Plan:
         return self.candidates[:n]
 
     def find(self, **degrees) -> Candidate | None:
-        """The ranked candidate with these degrees (e.g. `find(fsdp=32, tensor=8)`), or None."""
+        """The ranked candidate with these degrees (e.g. `find(fsdp=32, tensor=8)`), or None.
+
+        Degrees not given are 1; `zero`, `remat`, `microbatches` and the other names in
+        `_FIND_KEYS` (a row's settings) narrow the match further.
+
+        Raises:
+            ValueError: for a name that is no degree or setting of a row (lists the known
+                ones), e.g. `find(datas=8)`.
+        """
+        unknown = sorted(set(degrees) - set(_FIND_KEYS))
+        if unknown:
+            given = ", ".join(f"{k}={degrees[k]!r}" for k in unknown)
+            near = [difflib.get_close_matches(k, _FIND_KEYS, n=1) for k in unknown]
+            fix = ", ".join(f"{m[0]}={degrees[k]!r}" for k, m in zip(unknown, near) if m)
+            raise ShardkitValueError(
+                f"Plan.find({given}): no such degree or setting; known: {', '.join(_FIND_KEYS)}; "
+                f"fix: find({fix or 'data=..., fsdp=..., tensor=..., stage=...'})."
+            )
         want = {"data": 1, "fsdp": 1, "tensor": 1, "stage": 1} | degrees
         zero = want.pop("zero", None)
         for c in self.candidates:

@@ -29,6 +29,7 @@ import dataclasses
 from typing import Any, Literal
 
 from shardkit.errors import ShardkitValueError
+from shardkit.plan.checks import checked_fields
 from shardkit.plan.memory import get_precision, optimizer_bytes
 
 Remat = Literal["auto", "none", "dots", "dots_no_batch", "block"]
@@ -36,6 +37,28 @@ REMAT_POLICIES = ("none", "dots", "block")  # the policies shardkit's GPT runs; 
 # policies other stacks run, costed when asked for: JAX's `dots_with_no_batch_dims_saveable`
 # (MaxText's remat_policy="minimal") keeps the weight matmuls' outputs, not attention's
 OTHER_REMAT_POLICIES = ("dots_no_batch",)
+# the sizes each workload checks when built (`checks.checked`; "?": None means the default)
+_TRANSFORMER_SIZES = dict.fromkeys(("layers", "d_model", "heads", "vocab", "seq", "batch"), "count")
+_TRANSFORMER_SIZES |= dict.fromkeys(("d_ff", "kv_heads", "head_dim"), "count?")
+_TRANSFORMER_SIZES |= dict.fromkeys(
+    ("norm_params", "logits_bytes", "input_bytes_per_token"), "size"
+)
+# what None means for the sizes that default (0 is refused: it is no size, and no default)
+_DEFAULTS = {"d_ff": "the default: 4 x d_model", "kv_heads": "the default: heads",
+             "head_dim": "the default: d_model // heads"}  # fmt: skip
+_DENSE_SIZES = {"params": "count", "flops_per_example": "positive",
+                "activation_bytes_per_example": "nonnegative", "batch": "count",
+                "largest_layer_params": "size", "layers": "count",
+                "input_bytes_per_example": "nonnegative"}  # fmt: skip
+
+
+def check_remat(remat: Any, where: str) -> None:
+    """Raises unless `remat` is "auto" or a policy the planner costs."""
+    if remat not in ("auto", *REMAT_POLICIES, *OTHER_REMAT_POLICIES):
+        raise ShardkitValueError(
+            f"{where}remat={remat!r} is not one of "
+            f"{('auto', *REMAT_POLICIES, *OTHER_REMAT_POLICIES)}; fix: remat='auto'."
+        )
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -50,9 +73,9 @@ class Transformer:
         vocab: vocabulary size (V).
         seq: tokens per sequence (s).
         batch: global batch in sequences per optimizer step.
-        d_ff: feed-forward width (F); default 4 x d_model.
-        kv_heads: key/value heads (grouped-query attention); default `heads`.
-        head_dim: width per head; default d_model // heads.
+        d_ff: feed-forward width (F); None (the default): 4 x d_model.
+        kv_heads: key/value heads (grouped-query attention); None (the default): `heads`.
+        head_dim: width per head; None (the default): d_model // heads.
         gated: SwiGLU MLP (three F x h matrices) instead of two.
         parallel_block: attention and MLP both read one norm of the block input and their
             outputs are added to it (GPT-J, PaLM, MaxText's 2023 decoder) instead of the MLP
@@ -83,9 +106,13 @@ class Transformer:
         input_bytes_per_token: bytes of the batch per token (shardkit's LM batch: int32
             inputs and targets + f32 mask = 12).
 
+    Sizes are ints (numpy integers too; a bool or a float is refused, even 16.0: pass
+    `int(...)`); the ones that default take None for their default, never 0.
+
     Raises:
-        ValueError: on non-positive sizes, heads that do not divide the widths, or an unknown
-            remat policy.
+        ValueError: on a size that is not a positive int (`d_ff=0`, `batch=16.5`), a byte
+            count below 0, heads that do not divide the widths, or an unknown remat policy;
+            the message names the field and its value and ends with a fix.
     """
 
     name: str = "transformer"
@@ -115,12 +142,7 @@ class Transformer:
     input_bytes_per_token: int = 12
 
     def __post_init__(self):
-        for field in ("layers", "d_model", "heads", "vocab", "seq", "batch"):
-            if getattr(self, field) < 1:
-                raise ShardkitValueError(
-                    f"Transformer {field}={getattr(self, field)} must be positive; "
-                    f"fix: {field}=<a positive int>."
-                )
+        checked_fields(self, _TRANSFORMER_SIZES, where="Transformer ", optional=_DEFAULTS)
         if self.head_dim is None and self.d_model % self.heads:
             raise ShardkitValueError(
                 f"Transformer heads={self.heads} does not divide d_model={self.d_model}; "
@@ -131,11 +153,7 @@ class Transformer:
                 f"Transformer kv_heads={self.kv_heads} does not divide heads={self.heads}; "
                 "fix: kv_heads must divide heads (grouped-query attention)."
             )
-        if self.remat not in ("auto", *REMAT_POLICIES, *OTHER_REMAT_POLICIES):
-            raise ShardkitValueError(
-                f"Transformer remat={self.remat!r} is not one of "
-                f"{('auto', *REMAT_POLICIES, *OTHER_REMAT_POLICIES)}; fix: remat='auto'."
-            )
+        check_remat(self.remat, "Transformer ")
         if self.attention not in ("flash", "naive"):
             raise ShardkitValueError(
                 f"Transformer attention={self.attention!r}; fix: 'flash' or 'naive'."
@@ -146,15 +164,15 @@ class Transformer:
     # -- sizes ------------------------------------------------------------------------------
     @property
     def ff(self) -> int:
-        return self.d_ff or 4 * self.d_model
+        return 4 * self.d_model if self.d_ff is None else self.d_ff
 
     @property
     def kv(self) -> int:
-        return self.kv_heads or self.heads
+        return self.heads if self.kv_heads is None else self.kv_heads
 
     @property
     def hd(self) -> int:
-        return self.head_dim or self.d_model // self.heads
+        return self.d_model // self.heads if self.head_dim is None else self.head_dim
 
     @property
     def q_width(self) -> int:
@@ -304,6 +322,11 @@ class Dense:
         input_bytes_per_example: bytes of one example's input.
         precision: see `Transformer`.
         optimizer: see `Transformer`.
+
+    Raises:
+        ValueError: when params, batch or layers is not a positive int, flops_per_example
+            not a finite number > 0, a byte count or largest_layer_params below 0 (or not
+            finite), or the precision, optimizer or remat unknown.
     """
 
     name: str = "dense"
@@ -319,11 +342,10 @@ class Dense:
     remat: Remat = "none"
 
     def __post_init__(self):
-        if self.params < 1 or self.batch < 1 or self.flops_per_example <= 0:
-            raise ShardkitValueError(
-                f"Dense {self.name!r}: params={self.params}, batch={self.batch} and "
-                f"flops_per_example={self.flops_per_example} must be positive; fix: pass sizes."
-            )
+        checked_fields(self, _DENSE_SIZES, where=f"Dense {self.name!r}: ")
+        check_remat(self.remat, f"Dense {self.name!r}: ")
+        get_precision(self.precision)
+        optimizer_bytes(self.optimizer)
 
     def n_params(self) -> int:
         return self.params
