@@ -7,6 +7,7 @@ import pytest
 from flax import nnx
 
 from shardkit.models import GPT, MLP, GPTConfig, lm_loss, logical_axes
+from shardkit.models.gpt import masked_nll
 
 CFG = GPTConfig(vocab=16, d_model=32, n_layers=2, n_heads=4, seq_len=16)
 
@@ -79,3 +80,15 @@ def test_config_errors():
     small = GPTConfig(vocab=16, d_model=32, n_layers=1, n_heads=4, seq_len=8)
     with pytest.raises(ValueError, match="length 9 > seq_len=8"):
         jax.eval_shape(lambda t: GPT(small, rngs=nnx.Rngs(0))(t), jnp.zeros((1, 9), "int32"))
+
+
+def test_token_accuracy_counts_only_a_unique_most_likely_target():
+    targets = jnp.array([[0, 1, 2]])
+    batch = {"targets": targets, "mask": jnp.ones((1, 3))}
+    uniform = jnp.zeros((1, 3, 4))  # ln 4 loss: no prediction at all
+    assert float(masked_nll(uniform, batch)[1]["accuracy"]) == 0.0
+    logits = jnp.array([[[5.0, 0, 0, 0], [0, 1, 1, 0], [0, 0, 2, 3]]])  # right, tie, wrong
+    assert np.isclose(float(masked_nll(logits, batch)[1]["accuracy"]), 1 / 3)
+    distinct = logits.at[0, 1, 2].set(0.5)  # without ties it is argmax's accuracy: 2 of 3
+    want = (np.argmax(np.asarray(distinct), -1) == np.asarray(targets)).mean()
+    assert np.isclose(float(masked_nll(distinct, batch)[1]["accuracy"]), want) and want > 0.5

@@ -309,7 +309,11 @@ def masked_nll(logits: jax.Array, batch: dict) -> tuple[jax.Array, dict]:
     mask = batch["mask"].astype(jnp.float32)
     denom = jnp.maximum(mask.sum(), 1.0)
     loss = jnp.sum(nll * mask) / denom
-    correct = jnp.sum(logp * onehot, -1) >= jnp.max(logp, -1)
+    # the target's log-probability is the one largest (reductions over the vocab, which may
+    # be sharded, rather than an argmax); a tie, such as uniform logits, is no prediction
+    top = jnp.max(logp, -1, keepdims=True)
+    unique = jnp.sum((logp >= top).astype(jnp.int32), -1) == 1
+    correct = (jnp.sum(logp * onehot, -1) >= top[..., 0]) & unique
     accuracy = jnp.sum(correct * mask) / denom
     return loss, {"accuracy": accuracy}
 
