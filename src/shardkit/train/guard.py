@@ -1,9 +1,11 @@
 """What keeps a `shardkit train` run from being lost: folders, stops, signals, the metrics log.
 
-* `claim_output`: a new run never takes another run's checkpoints without being asked;
+* `claim_output`: a new run never takes another run's checkpoints or outputs without being
+  asked; `hold_locks`: one run at a time per checkpoint folder (and per --out);
 * `diverged` / `interrupted`: the one-line errors of a NaN/Inf stop and of a signal (after a
   save), with the exit code the command returns;
 * `StopSignals`: SIGINT/SIGTERM become a flag the loop reads at the next step boundary;
+  `StopAtOnce`: outside the loop they end the run at once with one line (its exit code);
 * `MetricsLog`: each logged row appended to `metrics.jsonl` as it is logged.
 """
 
@@ -30,6 +32,7 @@ from shardkit.train.checkpoint import (
     checkpoint_path,
 )
 from shardkit.train.config import TrainConfig
+from shardkit.train.lock import RunLock
 
 
 class TrainingDivergedError(ShardkitError, FloatingPointError):
@@ -51,19 +54,48 @@ def holds_checkpoints(folder: Any) -> bool:
     return bool(checkpoint_entries(folder))
 
 
-def claim_output(cfg: TrainConfig) -> tuple[TrainConfig, str | None]:
-    """The run's folders, never taking another run's checkpoints without being asked.
+# what a run writes into --out besides its checkpoints (`metrics.jsonl` as it goes)
+OUTPUT_FILES = ("metrics.jsonl", "summary.json", "metrics.json", "report.html")
+_PLOTS = ("loss.png", "throughput.png")
 
-    Without --resume, a checkpoint folder that holds checkpoints is replaced only with
-    --overwrite; under the default --out the run moves to the first free numbered folder
-    (shardkit-train-2, -3, ...); an explicit folder is refused. Returns the config to use and
-    a line saying what happened (None when nothing did).
+
+def earlier_outputs(out: str | pathlib.Path) -> list[str]:
+    """The files an earlier run wrote into `out` (an empty `metrics.jsonl` does not count)."""
+    folder = pathlib.Path(out)
+    return [n for n in OUTPUT_FILES if (folder / n).is_file() and (folder / n).stat().st_size]
+
+
+def remove_outputs(out: str | pathlib.Path) -> list[str]:
+    """Deletes what an earlier run wrote into `out` (--overwrite; checkpoints apart and a
+    user's own files stay); returns the names deleted."""
+    folder, gone = pathlib.Path(out), []
+    for name in (*OUTPUT_FILES, *_PLOTS):
+        if (folder / name).is_file():
+            (folder / name).unlink()
+            gone.append(name)
+    return gone
+
+
+def claim_output(cfg: TrainConfig) -> tuple[TrainConfig, str | None]:
+    """The run's folders, never taking another run's checkpoints or outputs unasked.
+
+    Without --resume, a checkpoint folder that holds checkpoints, or an --out that holds an
+    earlier run's metrics, summary or report, is replaced only with --overwrite; under the
+    default --out the run moves to the first free numbered folder (shardkit-train-2, -3,
+    ...); an explicit folder is refused. Returns the config to use and a line saying what
+    happened (None when nothing did).
     """
     folder = checkpoint_path(cfg.checkpoints)
-    if cfg.resume or not holds_checkpoints(folder):
+    has_checkpoints, outputs = holds_checkpoints(folder), earlier_outputs(cfg.out)
+    if cfg.resume:
+        _refuse_resume_without_checkpoints(cfg, folder, has_checkpoints, outputs)
         return cfg, None
+    if not has_checkpoints and not outputs:
+        return cfg, None
+    what = "checkpoints" if has_checkpoints else "outputs"
     if cfg.overwrite:
-        return cfg, f"--overwrite: replacing the checkpoints in {folder}"
+        where = folder if has_checkpoints else cfg.out
+        return cfg, f"--overwrite: replacing the earlier run's {what} in {where}"
     default_out = TrainConfig.__dataclass_fields__["out"].default
     if cfg.checkpoint_dir is None and cfg.out == default_out:
         n = 2
@@ -73,14 +105,33 @@ def claim_output(cfg: TrainConfig) -> tuple[TrainConfig, str | None]:
             n = int(multihost_utils.broadcast_one_to_all(np.int32(n)))
         new = dataclasses.replace(cfg, out=f"{cfg.out}-{n}")
         return new, (
-            f"{cfg.out} holds an earlier run's checkpoints; this run writes to {new.out} "
+            f"{cfg.out} holds an earlier run's {what}; this run writes to {new.out} "
             f"(--resume continues the earlier run, --overwrite replaces it)"
         )
+    if has_checkpoints:
+        raise ShardkitValueError(
+            f"checkpoint folder {folder} already holds another run's checkpoints (steps "
+            f"{sorted(p.name for p in checkpoint_entries(folder))[:5]}); fix: --resume to "
+            "continue that run, --overwrite to replace it, or another --out / --checkpoint-dir."
+        )
     raise ShardkitValueError(
-        f"checkpoint folder {folder} already holds another run's checkpoints (steps "
-        f"{sorted(p.name for p in checkpoint_entries(folder))[:5]}); fix: --resume to continue "
-        "that run, "
-        "--overwrite to replace it, or another --out / --checkpoint-dir."
+        f"--out {cfg.out} already holds an earlier run's outputs ({', '.join(outputs)}), which "
+        "this run would write over; fix: --resume to continue that run, --overwrite to replace "
+        "them, or another --out."
+    )
+
+
+def _refuse_resume_without_checkpoints(cfg, folder, has_checkpoints, outputs) -> None:
+    """--resume with no checkpoint, into an --out holding a finished run's summary or report:
+    starting at step 0 would write over that run (its checkpoints are elsewhere or gone). A
+    metrics log alone is a run lost before its first checkpoint: that one starts over."""
+    finished = [n for n in outputs if n != "metrics.jsonl"]
+    if has_checkpoints or not finished:
+        return
+    raise ShardkitValueError(
+        f"--resume: {folder} holds no checkpoint, but --out {cfg.out} holds a finished run's "
+        f"outputs ({', '.join(outputs)}), which starting at step 0 would write over; fix: "
+        "--checkpoint-dir of that run's checkpoints, --overwrite to replace it, or another --out."
     )
 
 
@@ -178,6 +229,7 @@ class MetricsLog:
 
     def __init__(self, path: pathlib.Path | None, *, start: int = 0):
         self.path = path
+        self.earlier: list[dict] = []  # the rows kept, parsed: the resumed run's history so far
         if path is None:
             return
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -185,8 +237,10 @@ class MetricsLog:
         if start and path.exists():
             for line in path.read_text().splitlines():
                 with contextlib.suppress(ValueError, KeyError, TypeError):
-                    if json.loads(line)["step"] <= start:
+                    row = json.loads(line)
+                    if row["step"] <= start:
                         kept.append(line + "\n")
+                        self.earlier.append(row)
         path.write_text("".join(kept))
 
     def write(self, row: dict) -> None:
@@ -212,6 +266,78 @@ class StopSignals:
     def __enter__(self) -> StopSignals:
         # several processes: JAX's preemption service owns SIGTERM and tells every rank at the
         # same step (`reached_preemption_sync_point`); a rank saving alone would hang the save
+        if threading.current_thread() is threading.main_thread() and jax.process_count() == 1:
+            for s in (signal.SIGINT, signal.SIGTERM):
+                self._old[s] = signal.signal(s, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for s, old in self._old.items():
+            signal.signal(s, old)
+
+
+# what `StopAtOnce` says (after the signal's name) before the loop, and after it
+BEFORE_FIRST_STEP = (
+    "before the first step: nothing was trained or saved; fix: run the command again."
+)
+
+
+def after_last_step(ckpt: Checkpointer) -> str:
+    """What a signal after the training loop (evaluation, audit, report) leaves behind."""
+    return (
+        f"after the last step: its checkpoint is saved in {ckpt.directory}, but the summary and "
+        "report were not written (--resume finds the run finished and writes nothing); fix: "
+        "--overwrite trains it again with them."
+    )
+
+
+def hold_locks(cfg: TrainConfig) -> list[RunLock]:
+    """The run's locks, held: its checkpoint folder, and its --out when the checkpoints are
+    elsewhere (two runs with one --out would write one metrics log). Process 0 only; none in
+    a bucket (no atomic create there)."""
+    if jax.process_index() != 0:
+        return []
+    locks = []
+    try:
+        if "://" not in cfg.checkpoints:
+            locks.append(RunLock(cfg.checkpoints).acquire())
+        if cfg.checkpoint_dir is not None:
+            locks.append(RunLock(cfg.out, name="run.lock").acquire())
+    except BaseException:
+        for lock in locks:
+            lock.release()
+        raise
+    return locks
+
+
+class StopAtOnce:
+    """Within the block (one process), SIGINT and SIGTERM raise `RunInterrupted` at once: one
+    line saying `when` they came, exit status 128 + the signal, the `finally` blocks (the run
+    lock) run. `StopSignals` takes over for the training loop; a second signal stops at once.
+
+    Example:
+        >>> with StopAtOnce("before the first step") as stop:   # doctest: +SKIP
+        ...     compile_step()
+        ...     stop.when = "after the last step"
+    """
+
+    def __init__(self, when: str):
+        self.when = when
+        self._old: dict = {}
+        self._fired = False
+
+    def _handle(self, signum, frame):
+        if self._fired:  # second signal while cleaning up: the user insists
+            signal.signal(signum, self._old.get(signum, signal.SIG_DFL))
+            signal.raise_signal(signum)
+            return
+        self._fired = True
+        raise RunInterrupted(
+            f"{signal.Signals(signum).name} {self.when}", exit_code=128 + int(signum)
+        )
+
+    def __enter__(self) -> StopAtOnce:
+        # several processes: JAX's preemption service owns SIGTERM (see `StopSignals`)
         if threading.current_thread() is threading.main_thread() and jax.process_count() == 1:
             for s in (signal.SIGINT, signal.SIGTERM):
                 self._old[s] = signal.signal(s, self._handle)

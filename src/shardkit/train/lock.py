@@ -1,9 +1,10 @@
-"""One run per checkpoint folder: a lock file naming its owner's host and process.
+"""One run per folder: a lock file naming its owner's host and process.
 
-`RunLock(folder)` creates `<folder>.lock` atomically (`O_CREAT | O_EXCL`) with the owner's host,
-pid and start time. A second run on the same folder is refused with the owner named; a lock
-left by a process that no longer runs on this host is stale and taken over (said so). A lock
-from another host cannot be checked from here: the message says how to remove it by hand.
+`RunLock(folder)` creates `<folder>.lock` (with `name`: `<folder>/<name>`) atomically
+(`O_CREAT | O_EXCL`) with the owner's host, pid and start time. A second run on the same
+folder is refused with the owner named; a lock left by a process that no longer runs on this
+host is stale and taken over (said so). A lock from another host cannot be checked from
+here: the message says how to remove it by hand.
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ class RunLock:
 
     Args:
         folder: the folder to guard (the lock file is its sibling `<folder>.lock`).
+        name: the lock file's name inside `folder` instead (`shardkit train` locks its
+            `--out` with `<out>/run.lock` when the checkpoints are elsewhere).
 
     Attributes:
         stale: the owner of a stale lock that was taken over ("host pid"), else None.
@@ -50,9 +53,10 @@ class RunLock:
         ...     train()
     """
 
-    def __init__(self, folder: str | pathlib.Path):
+    def __init__(self, folder: str | pathlib.Path, *, name: str | None = None):
         folder = pathlib.Path(folder).absolute()
-        self.path = folder.parent / f"{folder.name}.lock"
+        self.folder = folder
+        self.path = folder / name if name else folder.parent / f"{folder.name}.lock"
         self.stale: str | None = None
         self._held = False
 
@@ -106,7 +110,7 @@ class RunLock:
         since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(owner.get("started", 0)))
         where = "this host" if who == host else f"host {who}"
         raise RunLockedError(
-            f"{self.path.with_suffix('')} is in use by pid {pid} on {where} since {since} "
+            f"{self.folder} is in use by pid {pid} on {where} since {since} "
             f"(lock file {self.path}); fix: wait for that run, use another --out, or delete "
             f"{self.path} if that run is gone."
         )

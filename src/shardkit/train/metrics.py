@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import statistics
 import time
 from typing import Any
 
@@ -22,6 +23,11 @@ class History:
     def last(self, name: str, default: float = float("nan")) -> float:
         col = self.column(name)
         return col[-1] if col else default
+
+    def median(self, name: str, default: float = 0.0) -> float:
+        """The median of a column (the mean of the two middle values for an even count)."""
+        col = self.column(name)
+        return float(statistics.median(col)) if col else default
 
 
 def host_matmul_flops(n: int = 512, repeats: int = 5) -> float:
@@ -124,6 +130,8 @@ def _duration(seconds: float) -> str:
 
 
 def _fmt(key: str, value: float) -> str:
+    if key == "skipped":  # a count of updates
+        return f"{key} {int(value)}"
     if key in ("tok/s",):
         return f"{key} {value:,.0f}"
     return f"{key} {value:.4f}" if abs(value) < 100 else f"{key} {value:,.1f}"

@@ -96,6 +96,14 @@ def _table(rows: Sequence[Mapping[str, Any]]) -> str:
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
+def write_metrics(out_dir: str | pathlib.Path, history: History) -> pathlib.Path:
+    """Writes the logged rows as `metrics.json` into `out_dir` (with or without the report)."""
+    path = pathlib.Path(out_dir) / "metrics.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(history.rows, indent=1))
+    return path
+
+
 def write_report(
     out_dir: str | pathlib.Path,
     *,
@@ -120,7 +128,7 @@ def write_report(
     out = pathlib.Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     plots = plot_history(history, out) if history.rows else {}
-    (out / "metrics.json").write_text(json.dumps(history.rows, indent=1))
+    write_metrics(out, history)
     verdict = (
         '<p class="ok">The compiled step holds exactly the strategy\'s expected collectives.</p>'
         if not collective_problems

@@ -41,19 +41,23 @@ from shardkit.train.checkpoint import (
 from shardkit.train.config import TrainConfig, parse_window
 from shardkit.train.data import ReverseTask, TokenFile
 from shardkit.train.guard import (
+    BEFORE_FIRST_STEP,
     MetricsLog,
+    StopAtOnce,
     StopSignals,
+    after_last_step,
     already_done,
     claim_output,
     diverged,
+    hold_locks,
     interrupted,
     nothing_to_resume,
     refuse_host_overflow,
+    remove_outputs,
 )
-from shardkit.train.lock import RunLock
 from shardkit.train.metrics import History, Progress, host_matmul_flops
 from shardkit.train.pipeline_view import pipeline_rows
-from shardkit.train.report import write_report
+from shardkit.train.report import write_metrics, write_report
 from shardkit.train.step_audit import audit_step, predicted_vs_measured
 from shardkit.train.tables import layout_rows, print_table
 from shardkit.train.tensorboard import ProfileWindow, ScalarWriter
@@ -327,13 +331,13 @@ def _loop(run: _Run, ckpt: Checkpointer, meta: dict, state: Any):
     compile_s = time.perf_counter() - t0
     run.say(f"[bold]compiled[/] training step in {compile_s:.1f} s")
 
-    history = History()
     log = MetricsLog(pathlib.Path(cfg.out) / "metrics.jsonl" if run.primary else None, start=start)
+    history = History(rows=list(log.earlier))  # resumed: the rows up to its checkpoint
     tokens_per_step = cfg.batch * run.model_cfg.seq_len
     extra = _extra_metrics(run, compiled, tokens_per_step)
     tb = ScalarWriter(cfg.tensorboard) if cfg.tensorboard and run.primary else None
     profile = ProfileWindow(parse_window(cfg.profile), pathlib.Path(cfg.out) / "profile")
-    window_t, window_n = time.perf_counter(), 0
+    window_t, window_n, skipped = time.perf_counter(), 0, 0
     with (
         Progress(cfg.steps, start=start, console=run.console, enabled=not run.quiet) as bar,
         StopSignals() as stop,
@@ -346,6 +350,8 @@ def _loop(run: _Run, ckpt: Checkpointer, meta: dict, state: Any):
             profile.before(step)
             state, metrics = trainer.step(state, batch)
             profile.after(step + 1, metrics)
+            if "skipped" in metrics:  # --on-nonfinite skip: counted on device, read when logged
+                skipped = skipped + metrics["skipped"]
             window_n += 1
             done = step + 1
             try:
@@ -354,6 +360,8 @@ def _loop(run: _Run, ckpt: Checkpointer, meta: dict, state: Any):
                 raise diverged(cfg.lr, ckpt, done, {}) from e
             if done % cfg.log_every == 0 or done == cfg.steps or stop.signum:
                 m = {k: float(v) for k, v in jax.device_get(metrics).items()}
+                if "skipped" in m:  # the updates skipped since the previous logged row
+                    m["skipped"], skipped = int(jax.device_get(skipped)), 0
                 finite = all(math.isfinite(m.get(k, 0.0)) for k in ("loss", "grad_norm"))
                 if not finite and cfg.on_nonfinite == "stop":
                     raise diverged(cfg.lr, ckpt, done, m)
@@ -368,6 +376,7 @@ def _loop(run: _Run, ckpt: Checkpointer, meta: dict, state: Any):
                     loss=m["loss"],
                     **({"acc": m["accuracy"]} if "accuracy" in m else {}),  # none when pipelined
                     **{"tok/s": tokens_per_step / dt},
+                    **({"skipped": m["skipped"]} if m.get("skipped") else {}),
                 )
             if jax.process_count() > 1 and multihost_utils.reached_preemption_sync_point(done):
                 stop.signum = signal.SIGTERM  # JAX's notice: every rank stops at this step
@@ -420,7 +429,7 @@ def _evaluate(run: _Run, params: Any) -> tuple[float, float]:
 
 def _summary(run, history, eval_acc, eval_loss, compile_s, ckpt) -> tuple[dict, float]:
     """The run's summary table (also `summary.json`) and its median tokens/s."""
-    tok_s = sorted(history.column("tokens_per_s"))[len(history.rows) // 2] if history.rows else 0.0
+    tok_s = history.median("tokens_per_s")
     peak = host_matmul_flops() if jax.default_backend() == "cpu" else float("nan")
     achieved = run.model_cfg.flops_per_token() * tok_s
     summary = {
@@ -484,27 +493,31 @@ def train(cfg: TrainConfig, *, console: Any = None, quiet: bool = False) -> RunR
     Returns:
         A `RunResult`.
     """
-    cfg, moved = claim_output(cfg)
-    lock = RunLock(cfg.checkpoints)
-    if jax.process_index() == 0 and "://" not in cfg.checkpoints:  # no O_EXCL in a bucket
-        lock.acquire()
-    ckpt = None
-    try:
-        run = _set_up(cfg, console, quiet)
-        if moved:
-            run.say(f"[bold]out[/]      {escape(moved)}")
-        if lock.stale:
-            run.say(f"[bold]lock[/]     took over the stale lock of {lock.stale}")
-        _show_set_up(run)
-        ckpt, meta, state = _start(run)
-        if int(jax.device_get(state.step)) >= cfg.steps:  # a finished run, resumed again
-            return _finished_already(run, ckpt, state)
-        state, history, compiled, compile_s = _loop(run, ckpt, meta, state)
-        return _finish(run, ckpt, state, history, compiled, compile_s)
-    finally:
-        if ckpt is not None:
-            _close_quietly(ckpt)
-        lock.release()
+    with StopAtOnce(BEFORE_FIRST_STEP) as stop:
+        cfg, moved = claim_output(cfg)
+        locks = hold_locks(cfg)
+        ckpt = None
+        try:
+            if cfg.overwrite and jax.process_index() == 0:
+                remove_outputs(cfg.out)  # the earlier run's summary, metrics and report
+            run = _set_up(cfg, console, quiet)
+            if moved:
+                run.say(f"[bold]out[/]      {escape(moved)}")
+            for lock in locks:
+                if lock.stale:
+                    run.say(f"[bold]lock[/]     took over the stale lock of {lock.stale}")
+            _show_set_up(run)
+            ckpt, meta, state = _start(run)
+            if int(jax.device_get(state.step)) >= cfg.steps:  # a finished run, resumed again
+                return _finished_already(run, ckpt, state)
+            state, history, compiled, compile_s = _loop(run, ckpt, meta, state)
+            stop.when = after_last_step(ckpt)
+            return _finish(run, ckpt, state, history, compiled, compile_s)
+        finally:
+            if ckpt is not None:
+                _close_quietly(ckpt)
+            for lock in reversed(locks):
+                lock.release()
 
 
 def _finished_already(run: _Run, ckpt: Checkpointer, state: Any) -> RunResult:
@@ -554,6 +567,9 @@ def _finish(run, ckpt, state, history, compiled, compile_s) -> RunResult:
     report_path = None
     if cfg.report and run.primary:
         report_path = _report(run, summary, coll_rows, problems, memory, audit, history, explained)
+    elif run.primary:  # --no-report: no HTML or plots, the summary and metrics still
+        write_metrics(cfg.out, history)
+        (pathlib.Path(cfg.out) / "summary.json").write_text(json.dumps(summary, indent=1))
     ckpt.close()  # raises if an asynchronous save failed
     (run.console.print if run.primary else run.say)(
         f"[bold]done[/]     loss {history.last('loss'):.4f}, held-out accuracy {eval_acc:.3f}, "

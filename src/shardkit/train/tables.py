@@ -40,7 +40,11 @@ def layout_rows(trainer) -> list[dict[str, Any]]:
 
 
 def print_table(console: Any, rows: list[dict[str, Any]], title: str) -> None:
-    """Prints dict rows as a rich table (bytes columns right-aligned)."""
+    """Prints dict rows as a rich table (bytes columns right-aligned); no rows: one line
+    saying so (a one-device step has no collectives)."""
+    if not rows:
+        console.print(f"{title}: none", markup=False, highlight=False)
+        return
     table = Table(title=title, title_justify="left", show_lines=False)
     for col in rows[0]:
         table.add_column(col, justify="right" if "bytes" in col else "left")
