@@ -10,12 +10,16 @@ from ``TrainConfig``) and ``run(args) -> int``.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import errno
 import html
 import importlib
 import json
 import logging
+import math
 import os
+import pathlib
+import re
 import sys
 import threading
 from collections.abc import Sequence
@@ -142,16 +146,47 @@ def _cmd_show(args: argparse.Namespace) -> int:
         return 0
     shape = parse_shape_arg(args.shape)
     sizes = parse_mesh_arg(args.mesh or "data=-1")
+    _check_show_mesh(args.mesh, sizes)
     mesh = make_mesh(sizes, axis_types=args.axis_types, devices=first_devices(sizes))
     spec = parse_spec_arg(args.spec or "")
     if args.json:
         print(json.dumps(_layout_json(shape, mesh, spec), indent=1))
         return 0
-    dims = None if args.dims is None else [int(d) for d in args.dims.split(",")]
+    dims = None if args.dims is None else _parse_dims(args.dims)
     out = show(shape=shape, mesh=mesh, spec=spec, dims=dims, format=fmt, name="x")
     if fmt == "html":
         print(html_page(f"shardkit show {shape}", out), end="")
     return 0
+
+
+def _check_show_mesh(text: str | None, sizes: dict[str, int]) -> None:
+    """`show --mesh`: at most one axis of size -1, and no more devices than there are."""
+    import jax  # lazy: the CLI starts JAX only when a command runs
+
+    rest = [name for name, size in sizes.items() if size == -1]
+    if len(rest) > 1 or any(size == 0 or size < -1 for size in sizes.values()):
+        first = rest[0] if rest else next(iter(sizes))
+        example = ",".join(f"{n}={-1 if n == first else 2}" for n in sizes)
+        raise CLIError(
+            f"--mesh {text}: mesh axis sizes must be >= 1, with at most one -1 (the rest); fix: "
+            f"--mesh {example}."
+        )
+    need, have = math.prod(sizes.values()), len(jax.devices())
+    if need > have:
+        raise CLIError(
+            f"--mesh {text} needs {need} devices but there are {have}; fix: --simulate {need} "
+            f"(simulated CPU devices), or a mesh of at most {have} devices (e.g. data=-1)."
+        )
+
+
+def _parse_dims(text: str) -> list[int]:
+    """`show --dims 0,2` -> [0, 2]."""
+    try:
+        return [int(d) for d in text.split(",")]
+    except ValueError:
+        raise CLIError(
+            f"--dims {text!r}: write the two array dims to draw as integers; fix: --dims 0,1."
+        ) from None
 
 
 def _layout_json(shape: tuple[int, ...], mesh, spec) -> dict:
@@ -279,7 +314,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ShardkitError, ValueError, TypeError, RuntimeError, OSError, SyntaxError) as e:
         if args.debug:
             raise
-        print(f"shardkit {args.command}: error: {_one_line(e)}", file=sys.stderr)
+        print(f"shardkit {args.command}: error: {_one_line(e, args)}", file=sys.stderr)
         return getattr(e, "exit_code", 2)
     except Exception as e:  # noqa: BLE001 - any other error (JAX's, a user function's): one line
         if args.debug:
@@ -295,24 +330,60 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
 
 
+# an operating-system error's fix, by cause; {flag} is the flag whose path failed
 _OS_FIXES = {
-    errno.ENOSPC: "free space, or point --out / --checkpoint-dir at a disk with room",
-    errno.EDQUOT: "free space, or point --out / --checkpoint-dir at a disk with room",
-    errno.EROFS: "choose a writable --out / --checkpoint-dir",
-    errno.EACCES: "choose a writable --out / --checkpoint-dir, or fix its permissions",
-    errno.EPERM: "choose a writable --out / --checkpoint-dir, or fix its permissions",
-    errno.ENOTDIR: "a part of the path is a file; choose another --out / --checkpoint-dir / "
-    "--tensorboard",
-    errno.ENOENT: "check the path",
+    errno.ENOSPC: "free space, or point {flag} at a disk with room",
+    errno.EDQUOT: "free space, or point {flag} at a disk with room",
+    errno.EROFS: "choose a writable {flag}",
+    errno.EACCES: "choose a writable {flag}, or fix its permissions",
+    errno.EPERM: "choose a writable {flag}, or fix its permissions",
+    errno.ENOTDIR: "a part of the path is a file; choose another {flag}",
+    errno.EEXIST: "{flag} names a file; choose a folder",
+    errno.EISDIR: "{flag} names a folder; choose a file",
+    errno.ENOENT: "check {flag}",
 }
+# the flags whose paths a command writes, for an error whose path names none of them
+_WRITTEN = {"train": "--out / --checkpoint-dir", "inspect": "--html / --text"}
 
 
 _WRITE_FAILED = ("No space left", "File too large", "os_error_code='28'", "os_error_code='27'",
                  "Read-only file system", "Permission denied")  # fmt: skip
 
 
-def _one_line(e: BaseException) -> str:
-    """The error in one line; an operating-system error with the fix for its cause."""
+def _path_flag(args: argparse.Namespace | None, filename: str) -> str | None:
+    """The flag whose path `filename` is, or lies under (its value is a prefix of it)."""
+    if args is None or not filename:
+        return None
+    values = dict(vars(args))
+    settings = values.pop("settings", None)  # `train`: the TrainConfig
+    if dataclasses.is_dataclass(settings):
+        values.update(dataclasses.asdict(settings))
+    target = pathlib.Path(os.path.abspath(filename))
+    for key, value in values.items():
+        if not isinstance(value, str) or not value or key in ("command", "argv"):
+            continue
+        path = pathlib.Path(os.path.abspath(value))
+        if target == path or path in target.parents:
+            return "--" + key.replace("_", "-")
+    return None
+
+
+# library fixes written as Python calls, and the same fix as `shardkit plan` flags
+_CLI_FIXES = (
+    (re.compile(r"plan: zero=\((.*?),?\) must be a tuple of ZeRO stages over 'fsdp': allowed "
+                r"stages are 1 and 3 \(\(\) allows no fsdp axis\)"),
+     r"--zero \1: the ZeRO stages over 'fsdp' are 1 and 3 (none: no fsdp axis)"),
+    (re.compile(r"fix: zero=\(3, 1\) \(both\).*"),
+     "fix: --zero 3,1 (both), --zero 3, --zero 1 or --zero none (no fsdp axis)."),
+    (re.compile(r"fix: plan\(\.\.\., sequence_parallel=True, collective_matmul=True\).*"),
+     "fix: --sequence-parallel --collective-matmul."),
+)  # fmt: skip
+
+
+def _one_line(e: BaseException, args: argparse.Namespace | None = None) -> str:
+    """The error in one line; an operating-system error with the fix for its cause, naming
+    the flag whose path failed when `args` shows which."""
+    command = getattr(args, "command", None)
     if isinstance(e, SyntaxError):
         return (
             f"{e.filename}:{e.lineno}: {e.msg}; fix: correct the syntax there "
@@ -321,8 +392,14 @@ def _one_line(e: BaseException) -> str:
     if isinstance(e, OSError) and e.errno is None and "fix:" in str(e):
         return " ".join(str(e).split())  # shardkit's own message, with its fix
     if isinstance(e, OSError) and not isinstance(e, ShardkitError):
+        flag = _path_flag(args, str(e.filename or ""))
         where = f" {e.filename}" if e.filename else ""
-        fix = _OS_FIXES.get(e.errno or 0, "check the path and the disk")
+        fix = _OS_FIXES.get(e.errno or 0, "check {flag} and the disk")
+        if flag is None:
+            flag = _WRITTEN.get(command or "", "the path")
+        else:
+            where = f" {flag} {e.filename}"
+        fix = fix.format(flag=flag)
         return f"{e.strerror or e}{':' if where else ''}{where}; fix: {fix} (--debug: traceback)."
     text = " ".join(str(e).split())
     if not isinstance(e, ShardkitError) and any(m in text for m in _WRITE_FAILED):
@@ -331,6 +408,8 @@ def _one_line(e: BaseException) -> str:
             f"{text}; fix: free space or make the folder writable, or point --out / "
             "--checkpoint-dir elsewhere; then --resume (--debug: traceback)."
         )
+    for python_fix, cli_fix in _CLI_FIXES:
+        text = python_fix.sub(cli_fix, text)
     return text
 
 

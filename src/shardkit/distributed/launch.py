@@ -3,7 +3,8 @@
 The coordinator is process 0 on 127.0.0.1 at a free port. Each rank gets the variables that
 `shardkit.distributed.initialize()` reads (`SHARDKIT_COORDINATOR_ADDRESS`,
 `SHARDKIT_NUM_PROCESSES`, `SHARDKIT_PROCESS_ID`) and, with `devices_per_process`, that many
-simulated CPU devices. Output lines are prefixed `[rank i]`. When a rank fails, the launcher
+simulated CPU devices. Output lines are prefixed `[rank i]`; the launcher's own lines
+(`[launch] ...`) go to stderr. When a rank fails, the launcher
 stops the others (SIGTERM, then SIGKILL after a grace period) and returns the failing rank's
 status, so a dead rank never leaves the rest hanging in a collective.
 """
@@ -107,7 +108,13 @@ def _gloo_tail(line: str) -> bool:
 
 
 def _pump(
-    rank: int, stream, out: TextIO, lock: threading.Lock, last: dict, verbose: bool = False
+    rank: int,
+    stream,
+    out: TextIO,
+    lock: threading.Lock,
+    last: dict,
+    verbose: bool = False,
+    prefix: bool = True,
 ) -> None:
     chatter = False  # the previous line was gloo's
     for line in iter(stream.readline, ""):
@@ -117,13 +124,42 @@ def _pump(
         chatter = False
         end = "" if line.endswith("\n") else "\n"  # a last line without a newline
         with lock:
-            out.write(f"[rank {rank}] {line}{end}")
+            out.write(f"[rank {rank}] {line}{end}" if prefix else f"{line}{end}")
             out.flush()
         text = line.strip()
         # a rank's error line (`ValueError: ...`) wins over later lines (JAX's traceback note)
         if text and (_ERROR_LINE.match(text) or not _ERROR_LINE.match(last.get(rank, ""))):
             last[rank] = text
     stream.close()
+
+
+class _Pumps:
+    """A rank's output readers (its stdout, and its stderr when read apart), joined as one."""
+
+    def __init__(self, threads: list[threading.Thread]):
+        self.threads = threads
+
+    def join(self, timeout: float | None = None) -> None:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for t in self.threads:
+            t.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+
+
+def _start_pumps(proc, rank, plain_rank, out, err, lock, last, verbose) -> _Pumps:
+    """Threads copying a rank's output: to `out` prefixed, or for `plain_rank` its stdout to
+    `out` as it is and its stderr to `err` prefixed (other ranks then go to `err`)."""
+    streams = [(proc.stdout, out if plain_rank in (None, rank) else err, rank != plain_rank)]
+    if rank == plain_rank:
+        streams.append((proc.stderr, err, True))
+    threads = [
+        threading.Thread(
+            target=_pump, args=(rank, stream, to, lock, last, verbose, prefix), daemon=True
+        )
+        for stream, to, prefix in streams
+    ]
+    for t in threads:
+        t.start()
+    return _Pumps(threads)
 
 
 def launch(
@@ -135,8 +171,10 @@ def launch(
     grace: float = 5.0,
     timeout: float | None = None,
     out: TextIO | None = None,
+    err: TextIO | None = None,
     env: dict[str, str] | None = None,
     verbose: bool = False,
+    plain_rank: int | None = None,
 ) -> int:
     """Runs `command` as `processes` ranks of one job on this machine; returns the exit status.
 
@@ -149,8 +187,13 @@ def launch(
         grace: seconds between SIGTERM and SIGKILL when stopping ranks.
         timeout: stop all ranks after this many seconds (default: no limit).
         out: where prefixed output goes (default stdout).
+        err: where the launcher's own lines (``[launch] ...``: a timeout, a failed rank) go,
+            and with `plain_rank` the other output (default `out` when given, else stderr).
         env: base environment (default `os.environ`).
         verbose: keep gloo's per-rank connection lines (hidden by default).
+        plain_rank: this rank's stdout goes to `out` as it is, without the prefix (a rank
+            printing a JSON document); its stderr and the other ranks' output go to `err`,
+            prefixed.
 
     Returns:
         0 when every rank succeeded; else the status of the rank that failed first (128 + N
@@ -178,34 +221,30 @@ def launch(
         raise ShardkitValueError(
             "no command to launch; fix: shardkit launch -n 2 -- python train.py"
         )
+    err = err if err is not None else out if out is not None else sys.stderr
     out = sys.stdout if out is None else out
     address = f"127.0.0.1:{port or free_port()}"
     lock = threading.Lock()
-    procs: list[subprocess.Popen] = []
-    pumps = []
     last: dict[int, str] = {}  # each rank's last line of output (its error, when it fails)
+    procs, pumps = [], []
     for rank in range(processes):
         proc = subprocess.Popen(
             list(command),
             env=rank_env(rank, processes, address, devices_per_process=devices_per_process,
                          base=env),
             stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
+            stderr=subprocess.PIPE if rank == plain_rank else subprocess.STDOUT,
             text=True,
             errors="replace",
             start_new_session=True,  # so a stop reaches the rank's own children too
         )  # fmt: skip
         procs.append(proc)
-        t = threading.Thread(
-            target=_pump, args=(rank, proc.stdout, out, lock, last, verbose), daemon=True
-        )
-        t.start()
-        pumps.append(t)
+        pumps.append(_start_pumps(proc, rank, plain_rank, out, err, lock, last, verbose))
 
     def say(text: str) -> None:
         with lock:
-            out.write(f"[launch] {text}\n")
-            out.flush()
+            err.write(f"[launch] {text}\n")
+            err.flush()
 
     ended: dict[int, float] = {}  # rank -> when it exited, seen by a thread waiting on it
     with _terminate_as_interrupt():
@@ -246,7 +285,7 @@ def _watch(
     timeout: float | None,
     say,
     ended: dict[int, float],
-    pumps: list[threading.Thread],
+    pumps: list[_Pumps],
     last: dict[int, str],
 ) -> tuple[int, int] | None:
     """Waits for the ranks: ``(rank, status)`` of the rank to blame (rank -1 for a timeout,

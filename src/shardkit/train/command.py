@@ -28,7 +28,7 @@ from shardkit.distributed import initialize
 from shardkit.distributed.environment import PROCESS_ID
 from shardkit.distributed.launch import launch
 from shardkit.errors import ShardkitValueError
-from shardkit.train.config import TrainConfig, load
+from shardkit.train.config import TrainConfig, load, read_file
 
 DESCRIPTION = (
     "Train a GPT with a parallel strategy on a device mesh. With no flags: the synthetic "
@@ -62,15 +62,43 @@ def parse_args(argv: list[str], prog: str = "shardkit train") -> argparse.Namesp
             status 0 after ``--help``.
         ValueError: a setting out of its range (from `TrainConfig`), with the fix.
     """
-    pre = argparse.ArgumentParser(add_help=False)
-    pre.add_argument("--config")
-    known, _ = pre.parse_known_args(argv)
-    default = TrainCommand(settings=load(known.config), config=known.config)
+    config = _config_arg(argv, prog)
+    try:
+        default = TrainCommand(settings=load(config), config=config)
+    except (ValueError, OSError):
+        if not _HELP & set(argv):
+            raise
+        default = TrainCommand(settings=TrainConfig(), config=config)  # --help wins
     command = _tyro_cli(argv, prog, default)
     if command.processes < 1:
         _usage_error(prog, f"argument --processes: {command.processes} is below 1")
     fields = {f.name: getattr(command, f.name) for f in dataclasses.fields(command)}
-    return argparse.Namespace(**fields, argv=list(argv))
+    # the settings the file set and no flag changed: their errors name the file and key
+    from_file = {k for k, v in (read_file(config) if config else {}).items()
+                 if getattr(command.settings, k) == v}  # fmt: skip
+    return argparse.Namespace(**fields, argv=list(argv), from_file=from_file)
+
+
+_HELP = {"-h", "--help"}
+
+
+def _config_arg(argv: list[str], prog: str) -> str | None:
+    """The value of ``--config`` (the last one given), read before the flags that may
+    override the file's settings."""
+    config = None
+    for i, arg in enumerate(argv):
+        if arg == "--":
+            break
+        if arg.startswith("--config="):
+            config = arg.partition("=")[2]
+        elif arg == "--config":
+            if i + 1 == len(argv) or argv[i + 1].startswith("--"):
+                if _HELP & set(argv):
+                    return None
+                _usage_error(prog, "argument --config: expected a TOML file; fix: --config "
+                             "run.toml, or leave --config out.")  # fmt: skip
+            config = argv[i + 1]
+    return config
 
 
 def _tyro_cli(argv: list[str], prog: str, default: TrainCommand) -> TrainCommand:
@@ -132,7 +160,89 @@ def _launch(args: argparse.Namespace, cfg) -> int:
             f"{n * max(1, cfg.devices // n)} or a process count that divides {cfg.devices}."
         )
     cmd = [sys.executable, "-m", "shardkit.cli", "train", *_argv(args)]
-    return launch(cmd, processes=n, devices_per_process=cfg.devices // n)
+    # --json: rank 0's stdout (the JSON document) passes through as it is, the rest on stderr
+    return launch(cmd, processes=n, devices_per_process=cfg.devices // n,
+                  plain_rank=0 if args.json else None)  # fmt: skip
+
+
+def _where(args: argparse.Namespace, key: str) -> tuple[str, str]:
+    """Where setting `key` came from, and how to write its fix there: the flag, or the TOML
+    file and key."""
+    value = getattr(args.settings, key)
+    if key in getattr(args, "from_file", ()):
+        return f"{args.config}: {key} = {json.dumps(value)}", f"{key} = ... in {args.config}"
+    flag = "--" + key.replace("_", "-")
+    return f"{flag} {value}", flag
+
+
+def _check_paths(args: argparse.Namespace) -> None:
+    """The paths the run reads or writes are of the right kind (checked before anything is
+    created, so the error names the setting rather than an operating-system call)."""
+    cfg = args.settings
+    for key in ("out", "checkpoint_dir", "tensorboard"):
+        value = getattr(cfg, key)
+        if value is not None and "://" not in value and os.path.isfile(value):
+            where, fix = _where(args, key)
+            raise ShardkitValueError(
+                f"{where} is a file, not a folder; fix: {fix} naming a new or existing folder."
+            )
+    if cfg.data is not None and not os.path.isfile(cfg.data):
+        where, fix = _where(args, "data")
+        what = "a folder" if os.path.isdir(cfg.data) else "not found"
+        raise ShardkitValueError(
+            f"{where} is {what}, not a token file; fix: {fix} naming a .npy file of token ids "
+            "or a file of raw bytes (leave it out for the synthetic task)."
+        )
+
+
+_STRATEGY_KEYS = ("strategy", "mesh", "schedule", "microbatches", "residuals", "zero",
+                  "sequence_parallel", "collective_matmul")  # fmt: skip
+
+
+def _check_strategy(args: argparse.Namespace) -> None:
+    """The strategy settings make a strategy; an error in settings from the TOML file names
+    the file and its keys."""
+    from shardkit.strategies import from_name  # lazy: imports JAX
+
+    cfg = args.settings
+    try:
+        from_name(cfg.strategy, **{k: getattr(cfg, k) for k in _STRATEGY_KEYS[1:]})
+    except ShardkitValueError as e:
+        keys = [k for k in _STRATEGY_KEYS if k in getattr(args, "from_file", ())]
+        if not keys:
+            raise
+        problem, _, fix = str(e).partition("; fix: ")
+        raise ShardkitValueError(
+            f"{args.config}: {problem} ({', '.join(keys)} set in this file); fix: "
+            f"{_as_toml(fix.rstrip('.'))} in {args.config}."
+        ) from None
+
+
+def _as_toml(fix: str) -> str:
+    """A fix written as flags (``--strategy hybrid --mesh data=2,tensor=4``), written as the
+    TOML keys of the settings (``strategy = "hybrid" mesh = { data = 2, tensor = 4 }``)."""
+    fields = {f.name for f in dataclasses.fields(TrainConfig)}
+
+    def key_value(match: re.Match) -> str:
+        key, value = match.group(1).replace("-", "_"), match.group(2).rstrip(".,")
+        if key not in fields:
+            return match.group(0)
+        if key == "mesh":
+            sizes = (part.partition("=") for part in value.split(","))
+            return "mesh = { " + ", ".join(f"{a} = {n}" for a, _, n in sizes) + " }"
+        if re.fullmatch(r"-?[\d.e+-]+", value):
+            return f"{key} = {value}"
+        return f"{key} = {json.dumps(value)}"
+
+    return re.sub(r"--([a-z][a-z-]*) ([^\s;]+)", key_value, fix)
+
+
+def _remove_if_empty(folder: str) -> None:
+    """Removes `folder` and its subfolders if they hold no files (a run that stopped before
+    writing anything leaves no empty --out behind)."""
+    for root, _, _ in sorted(os.walk(folder), key=lambda w: -len(w[0])):
+        with contextlib.suppress(OSError):
+            os.rmdir(root)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -140,6 +250,7 @@ def run(args: argparse.Namespace) -> int:
     collectives)."""
     cfg = args.settings
     processes = args.processes
+    _check_paths(args)
     if processes > 1 and PROCESS_ID not in os.environ:
         return _launch(args, cfg)
     if PROCESS_ID in os.environ:  # a rank of `shardkit launch`: join the run first
@@ -150,15 +261,23 @@ def run(args: argparse.Namespace) -> int:
 
         if not backend_started():
             simulate_cpu_devices(cfg.devices)
+    _check_strategy(args)
     from shardkit.train.run import train  # lazy: `shardkit train --help` starts no JAX
 
     as_json = bool(args.json)
-    if as_json:  # stdout holds the JSON document alone; the final line goes to stderr
-        from rich.console import Console  # lazy: `shardkit train --help` stays light
+    new_out = not os.path.exists(cfg.out)
+    try:
+        if as_json:  # stdout holds the JSON document alone; the final line goes to stderr
+            from rich.console import Console  # lazy: `shardkit train --help` stays light
 
-        result = train(cfg, quiet=True, console=Console(file=sys.stderr))
-    else:
-        result = train(cfg, quiet=bool(args.quiet))
+            console = Console(file=sys.stderr, soft_wrap=True)  # one line, however long
+            result = train(cfg, quiet=True, console=console)
+        else:
+            result = train(cfg, quiet=bool(args.quiet))
+    except BaseException:
+        if new_out and os.environ.get(PROCESS_ID, "0") == "0":
+            _remove_if_empty(cfg.out)
+        raise
     if as_json and os.environ.get(PROCESS_ID, "0") == "0":  # process 0 prints it
         print(json.dumps({
             **result.summary,

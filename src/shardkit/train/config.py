@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import math
 import pathlib
+import re
 import tomllib
 import typing
 from collections.abc import Mapping
@@ -30,7 +32,7 @@ import tyro
 from shardkit.cli_args import parse_mesh_arg
 from shardkit.errors import ShardkitValueError
 
-__all__ = ["TrainConfig", "load", "parse_window"]
+__all__ = ["SettingError", "TrainConfig", "load", "parse_window"]
 
 # The enumerations, as types: tyro lists them as the flags' choices and `__post_init__` checks
 # values from TOML or Python against them (tests pin them to the names the strategies, the
@@ -173,44 +175,10 @@ class TrainConfig:
     def __post_init__(self):
         for field in dataclasses.fields(self):  # from TOML, Python or flags alike
             _check_type(field.name, getattr(self, field.name), None)
-        for name, choices in _choices().items():
-            value = getattr(self, name)
-            if value is not None and value not in choices:
-                raise ShardkitValueError(
-                    f"{name}={value!r} is not one of {', '.join(map(str, choices))}; fix: "
-                    f"--{name.replace('_', '-')} {choices[0]}."
-                )
-        for name, low in _AT_LEAST.items():
-            value = getattr(self, name)
-            if value is not None and value < low:
-                raise ShardkitValueError(
-                    f"{name}={value} must be >= {low}; fix: --{name.replace('_', '-')} "
-                    f"{max(low, _FIX.get(name, low))}."
-                )
-        if self.keep < 1:
-            raise ShardkitValueError(
-                f"keep={self.keep} would delete every checkpoint, including the one being "
-                "resumed from; fix: --keep 1 or more (default 3)."
-            )
-        if not math.isfinite(self.lr) or self.lr <= 0:
-            raise ShardkitValueError(
-                f"lr={self.lr} is not a positive finite learning rate; fix: --lr 3e-3."
-            )
-        if not math.isfinite(self.weight_decay) or self.weight_decay < 0:
-            raise ShardkitValueError(
-                f"weight_decay={self.weight_decay} is not a non-negative finite number; fix: "
-                "--weight-decay 0.01."
-            )
-        if self.resume and self.overwrite:
-            raise ShardkitValueError(
-                "--resume continues the checkpoints that --overwrite would delete; fix: pass one."
-            )
-        if self.profile is not None and parse_window(self.profile)[0] >= self.steps:
-            raise ShardkitValueError(
-                f"profile={self.profile!r} starts at or after the last step (--steps "
-                f"{self.steps}), so nothing would be traced; fix: --profile "
-                f"{max(0, self.steps - 2)}:{self.steps}."
-            )
+        _check_choices(self)
+        _check_ranges(self)
+        _check_paths(self)
+        _check_combinations(self)
 
     @property
     def checkpoints(self) -> str:
@@ -220,6 +188,117 @@ class TrainConfig:
         out = dataclasses.asdict(self)
         out["mesh"] = dict(self.mesh)
         return out
+
+
+class SettingError(ShardkitValueError):
+    """A bad setting. ``str(e)`` gives the fix as flags (for the command line and Python);
+    `in_file` gives it in the terms of the TOML file the setting came from."""
+
+    def __init__(self, key: str, problem: str, *, flag_fix: str, toml_fix: str):
+        self.key, self.problem, self.toml_fix = key, problem, toml_fix
+        super().__init__(f"{problem}; fix: {flag_fix}.")
+
+    def in_file(self, path: str) -> str:
+        return f"{path}: {self.problem}; fix: {self.toml_fix} in {path}."
+
+
+def _flag(key: str) -> str:
+    return "--" + key.replace("_", "-")
+
+
+def _toml(value: Any) -> str:
+    """`value` written as TOML."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, Mapping):
+        return "{ " + ", ".join(f"{k} = {_toml(v)}" for k, v in value.items()) + " }"
+    return repr(value)
+
+
+def _bad(key: str, problem: str, fix: Any, flag_fix: str | None = None) -> SettingError:
+    """The error for `key`, whose fix is the value `fix` (or the flags `flag_fix`)."""
+    flag_fix = flag_fix or f"{_flag(key)} {fix}"
+    return SettingError(key, problem, flag_fix=flag_fix, toml_fix=f"{key} = {_toml(fix)}")
+
+
+_SEED_MAX = 2**63 - 1  # jax.random.key takes an int64
+_FLOAT32_MAX = float(np.finfo(np.float32).max)  # the optimizer's numbers are float32
+_MESH_AXES = ("data", "fsdp", "tensor", "stage")  # strategies.parse.MESH_AXES (a test pins it)
+_PATHS = {"out": "shardkit-train", "data": "tokens.npy", "checkpoint_dir": "checkpoints",
+          "tensorboard": "tb"}  # fmt: skip
+
+
+def _check_choices(cfg: TrainConfig) -> None:
+    for name, choices in _choices().items():
+        value = getattr(cfg, name)
+        if value is not None and value not in choices:
+            raise _bad(name, f"{name}={value!r} is not one of {', '.join(map(str, choices))}",
+                       choices[-1] if name == "zero" else choices[0])  # fmt: skip
+    if cfg.schedule is not None:
+        key = cfg.schedule.strip().lower().replace("_", "-")
+        if key not in SCHEDULES and not re.fullmatch(r"interleaved-v[1-9]\d*", key):
+            raise _bad("schedule", f"schedule={cfg.schedule!r} is not one of "
+                       f"{', '.join(SCHEDULES)} (N: virtual stages per device, e.g. "
+                       "interleaved-v3)", "1f1b")  # fmt: skip
+    unknown = [axis for axis in cfg.mesh if axis not in _MESH_AXES]
+    if unknown:
+        raise _bad("mesh", f"mesh={dict(cfg.mesh)} has unknown mesh axis {unknown[0]!r}; the "
+                   f"mesh axes are {', '.join(_MESH_AXES)}", {"data": 4, "tensor": 2},
+                   "--mesh data=4,tensor=2")  # fmt: skip
+
+
+def _check_ranges(cfg: TrainConfig) -> None:
+    for name, low in _AT_LEAST.items():
+        value = getattr(cfg, name)
+        if value is not None and value < low:
+            raise _bad(name, f"{name}={value} must be >= {low}",
+                       max(low, _FIX.get(name, low)))  # fmt: skip
+    if cfg.seed > _SEED_MAX:
+        raise _bad("seed", f"seed={cfg.seed} is beyond the largest seed {_SEED_MAX} (2**63 - 1, "
+                   "what jax.random.key takes)", 0)  # fmt: skip
+    if cfg.keep < 1:
+        raise _bad("keep", f"keep={cfg.keep} would delete every checkpoint, including the one "
+                   "being resumed from", 3)  # fmt: skip
+    if not math.isfinite(cfg.lr) or not 0 < cfg.lr <= _FLOAT32_MAX:
+        raise _bad("lr", f"lr={cfg.lr!r} is not a positive finite learning rate (float32: at "
+                   f"most {_FLOAT32_MAX:.3g})", 3e-3)  # fmt: skip
+    if not math.isfinite(cfg.weight_decay) or not 0 <= cfg.weight_decay <= _FLOAT32_MAX:
+        raise _bad("weight_decay", f"weight_decay={cfg.weight_decay!r} is not a non-negative "
+                   f"finite number (float32: at most {_FLOAT32_MAX:.3g})", 0.01)  # fmt: skip
+
+
+def _check_paths(cfg: TrainConfig) -> None:
+    for name, example in _PATHS.items():
+        value = getattr(cfg, name)
+        if value is not None and not value.strip():
+            meaning = "the synthetic task: leave it out" if name == "data" else (
+                "the current folder, whose files the run would replace")  # fmt: skip
+            flag_fix = f"{_flag(name)} {example}" + ", or leave --data out" * (name == "data")
+            raise SettingError(
+                name,
+                f"{name}={value!r} is an empty path (not {meaning})",
+                flag_fix=flag_fix,
+                toml_fix=f"{name} = {_toml(example)}",
+            )
+
+
+def _check_combinations(cfg: TrainConfig) -> None:
+    if cfg.resume and cfg.overwrite:
+        raise SettingError("resume", "resume and overwrite are both set: --resume continues the "
+                           "checkpoints that --overwrite would delete",
+                           flag_fix="pass one of --resume, --overwrite",
+                           toml_fix="keep one of resume = true, overwrite = true")  # fmt: skip
+    if cfg.collective_matmul and not cfg.sequence_parallel:
+        raise SettingError("collective_matmul", "collective_matmul overlaps the transfers of "
+                           "sequence parallelism, which is off",
+                           flag_fix="--sequence-parallel --collective-matmul",
+                           toml_fix="sequence_parallel = true")  # fmt: skip
+    if cfg.profile is not None and parse_window(cfg.profile)[0] >= cfg.steps:
+        window = f"{max(0, cfg.steps - 2)}:{cfg.steps}"
+        raise _bad("profile", f"profile={cfg.profile!r} starts at or after the last step "
+                   f"(steps={cfg.steps}), so nothing would be traced", window)  # fmt: skip
 
 
 def parse_window(text: str | None) -> tuple[int, int] | None:
@@ -246,39 +325,17 @@ def parse_window(text: str | None) -> tuple[int, int] | None:
 def load(path: str | None = None, overrides: Mapping[str, Any] | None = None) -> TrainConfig:
     """Builds a `TrainConfig` from an optional TOML file and flag overrides (None = unset).
 
+    An error in a value the file set names the file and the key, with the fix in TOML terms.
+
     Raises:
         FileNotFoundError: if `path` does not exist.
-        ValueError: for unknown keys (with the list of valid ones) or bad values.
+        ValueError: for unknown keys (with the list of valid ones), a key set both at the top
+            level and under ``[model]``, a file that is not UTF-8 TOML, or bad values.
     """
-    values: dict[str, Any] = {}
-    if path is not None:
-        p = pathlib.Path(path)
-        if not p.exists():
-            raise FileNotFoundError(f"config file {path!r} not found; fix: pass a real path.")
-        if not p.is_file():
-            raise IsADirectoryError(
-                f"config file {path!r} is a folder; fix: pass the TOML file inside it."
-            )
-        try:
-            raw = tomllib.loads(p.read_text())
-        except tomllib.TOMLDecodeError as e:
-            raise ShardkitValueError(
-                f"{path}: not valid TOML ({e}); fix: the line and column named."
-            ) from None
-        model = raw.pop("model", {})
-        if not isinstance(model, Mapping):
-            raise ShardkitValueError(
-                f"{path}: model = {model!r} is not a table; fix: a [model] table, e.g. "
-                "[model] then d_model = 64 on the next line."
-            )
-        for key, value in model.items():
-            if key not in _MODEL_KEYS:
-                raise ShardkitValueError(
-                    f"{path}: unknown key [model].{key}; fix: use one of {', '.join(_MODEL_KEYS)}."
-                )
-            values[key] = value
-        values.update(raw)
-    values.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    values = read_file(path) if path is not None else {}
+    from_file = set(values)
+    given = {k: v for k, v in (overrides or {}).items() if v is not None}
+    values.update(given)
     fields = {f.name for f in dataclasses.fields(TrainConfig)}
     unknown = sorted(set(values) - fields)
     if unknown:
@@ -288,8 +345,63 @@ def load(path: str | None = None, overrides: Mapping[str, Any] | None = None) ->
             + f"; fix: use keys from {', '.join(sorted(fields))}."
         )
     for key, value in values.items():
-        _check_type(key, value, path)
-    return TrainConfig(**values)
+        _check_type(key, value, path if key in from_file - set(given) else None)
+    try:
+        return TrainConfig(**values)
+    except SettingError as e:
+        if path is None or e.key not in from_file - set(given):
+            raise
+        raise ShardkitValueError(e.in_file(path)) from None
+
+
+def read_file(path: str) -> dict[str, Any]:
+    """The settings a TOML file sets, ``[model]``'s keys moved to the top level.
+
+    Raises:
+        FileNotFoundError, IsADirectoryError: `path` is not a file.
+        ValueError: not UTF-8 TOML, a ``[model]`` that is not a table or holds an unknown key,
+            or a key set both at the top level and under ``[model]``.
+    """
+    if not str(path).strip():
+        raise ShardkitValueError(
+            f"--config {path!r} is an empty path; fix: --config run.toml (a TOML file of "
+            "settings), or leave --config out."
+        )
+    p = pathlib.Path(path)
+    if not p.exists():
+        raise FileNotFoundError(f"--config {path!r}: file not found; fix: pass a real path.")
+    if not p.is_file():
+        raise IsADirectoryError(
+            f"--config {path!r} is a folder; fix: --config with the TOML file inside it."
+        )
+    try:
+        raw = tomllib.loads(p.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise ShardkitValueError(
+            f"{path}: not UTF-8 text (byte {e.object[e.start]:#04x} at offset {e.start}); fix: "
+            "save the file as UTF-8 TOML, e.g. steps = 300."
+        ) from None
+    except tomllib.TOMLDecodeError as e:
+        raise ShardkitValueError(
+            f"{path}: not valid TOML ({e}); fix: the line and column named."
+        ) from None
+    model = raw.pop("model", {})
+    if not isinstance(model, Mapping):
+        raise ShardkitValueError(
+            f"{path}: model = {model!r} is not a table; fix: a [model] table, e.g. "
+            "[model] then d_model = 64 on the next line."
+        )
+    for key, value in model.items():
+        if key not in _MODEL_KEYS:
+            raise ShardkitValueError(
+                f"{path}: unknown key [model].{key}; fix: use one of {', '.join(_MODEL_KEYS)}."
+            )
+        if key in raw:
+            raise ShardkitValueError(
+                f"{path}: {key} is set twice, {key} = {_toml(raw[key])} at the top level and "
+                f"[model].{key} = {_toml(value)}; fix: keep one of them in {path}."
+            )
+    return {**model, **raw}
 
 
 def _fits(hint: Any, value: Any) -> bool:
