@@ -129,7 +129,7 @@ def test_vector_metrics_are_averaged_over_micro_batches_not_summed_over_elements
                           grad_accum=accum)  # fmt: skip
         _, metrics = trainer.step(trainer.init(0), trainer.place_batch(batch))
         got[accum] = {k: np.asarray(v) for k, v in metrics.items()}
-    for accum, metrics in got.items():  # means over equal pieces of the batch: the whole's
+    for metrics in got.values():  # means over equal pieces of the batch: the whole's
         np.testing.assert_allclose(metrics["class_freq"], want, rtol=1e-6)
         np.testing.assert_allclose(metrics["loss_copy"], got[1]["loss_copy"], rtol=1e-5)
         outer = metrics["outer"]  # a mean of outer products of frequencies: within [0, 1]
