@@ -249,7 +249,29 @@ class MetricsLog:
                 f.write(json.dumps(row) + "\n")
 
 
-class StopSignals:
+class _SignalScope:
+    """SIGINT and SIGTERM go to `self._handle` within the block, in a single process only:
+    with several, JAX's preemption service owns SIGTERM and tells every rank at the same step
+    (`reached_preemption_sync_point`); a rank stopping alone would hang the others."""
+
+    _old: dict
+
+    def _handle(self, signum, frame) -> None:
+        raise NotImplementedError
+
+    def __enter__(self):
+        self._old = {}
+        if threading.current_thread() is threading.main_thread() and jax.process_count() == 1:
+            for s in (signal.SIGINT, signal.SIGTERM):
+                self._old[s] = signal.signal(s, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for s, old in self._old.items():
+            signal.signal(s, old)
+
+
+class StopSignals(_SignalScope):
     """Within the block (one process), SIGINT and SIGTERM set `signum` instead of stopping the
     process at once; the loop saves at the next step boundary. A second signal stops at once."""
 
@@ -262,18 +284,6 @@ class StopSignals:
             signal.signal(signum, self._old.get(signum, signal.SIG_DFL))
             signal.raise_signal(signum)
         self.signum = signum
-
-    def __enter__(self) -> StopSignals:
-        # several processes: JAX's preemption service owns SIGTERM and tells every rank at the
-        # same step (`reached_preemption_sync_point`); a rank saving alone would hang the save
-        if threading.current_thread() is threading.main_thread() and jax.process_count() == 1:
-            for s in (signal.SIGINT, signal.SIGTERM):
-                self._old[s] = signal.signal(s, self._handle)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for s, old in self._old.items():
-            signal.signal(s, old)
 
 
 # what `StopAtOnce` says (after the signal's name) before the loop, and after it
@@ -310,7 +320,7 @@ def hold_locks(cfg: TrainConfig) -> list[RunLock]:
     return locks
 
 
-class StopAtOnce:
+class StopAtOnce(_SignalScope):
     """Within the block (one process), SIGINT and SIGTERM raise `RunInterrupted` at once: one
     line saying `when` they came, exit status 128 + the signal, the `finally` blocks (the run
     lock) run. `StopSignals` takes over for the training loop; a second signal stops at once.
@@ -335,14 +345,3 @@ class StopAtOnce:
         raise RunInterrupted(
             f"{signal.Signals(signum).name} {self.when}", exit_code=128 + int(signum)
         )
-
-    def __enter__(self) -> StopAtOnce:
-        # several processes: JAX's preemption service owns SIGTERM (see `StopSignals`)
-        if threading.current_thread() is threading.main_thread() and jax.process_count() == 1:
-            for s in (signal.SIGINT, signal.SIGTERM):
-                self._old[s] = signal.signal(s, self._handle)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for s, old in self._old.items():
-            signal.signal(s, old)
