@@ -173,6 +173,11 @@ def test_devices_defaults_to_the_8_simulated_devices_the_other_commands_use():
     assert out.returncode == 0 and "8 device(s)" in out.stdout, out.stdout + out.stderr
 
 
+def test_a_bare_plan_plans_its_default_model_on_its_default_devices(capsys):
+    assert main(["plan", "--top", "1"]) == 0  # gpt3-175b, the old default, fits on no 8 x h100
+    assert "llama3-8b" in capsys.readouterr().out
+
+
 def test_plan_your_own_transformer_from_flags_or_a_toml_file(tmp_path, capsys):
     import json
 

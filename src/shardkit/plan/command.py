@@ -31,7 +31,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "one wins. --verify compiles the top layouts to check the predictions."
     )
     parser.add_argument(
-        "--model", default=None, help=f"preset: {', '.join(presets())} (default gpt3-175b); "
+        "--model", default=None, help=f"preset: {', '.join(presets())} (default llama3-8b); "
         "with the flags below, the preset changed",
     )  # fmt: skip
     parser.add_argument(
@@ -134,7 +134,7 @@ def _workload(args: argparse.Namespace):
     elif args.model is None and set(changes) - {"precision", "seq"}:
         fields = changes  # only flags: the user's own transformer
     else:
-        return preset(args.model or "gpt3-175b", **changes)
+        return preset(args.model or "llama3-8b", **changes)
     missing = [f for f in _REQUIRED if f not in fields]
     if missing:
         raise ShardkitValueError(
