@@ -199,6 +199,12 @@ def test_collective_matmul_without_sequence_parallel_gives_the_flags(tmp_path, c
     assert "--sequence-parallel" in err and "plan(" not in err, err
 
 
+def test_plan_collective_matmul_without_sequence_parallel_gives_the_flags(capsys):
+    assert main(["plan", "--collective-matmul"]) == 2
+    err = _error(capsys)
+    assert "--sequence-parallel --collective-matmul" in err and "plan(" not in err, err
+
+
 def test_plan_zero_fix_is_the_flag(capsys):
     assert main(["plan", "--zero", "2"]) == 2
     err = _error(capsys)

@@ -19,7 +19,6 @@ import logging
 import math
 import os
 import pathlib
-import re
 import sys
 import threading
 from collections.abc import Sequence
@@ -368,18 +367,6 @@ def _path_flag(args: argparse.Namespace | None, filename: str) -> str | None:
     return None
 
 
-# library fixes written as Python calls, and the same fix as `shardkit plan` flags
-_CLI_FIXES = (
-    (re.compile(r"plan: zero=\((.*?),?\) must be a tuple of ZeRO stages over 'fsdp': allowed "
-                r"stages are 1 and 3 \(\(\) allows no fsdp axis\)"),
-     r"--zero \1: the ZeRO stages over 'fsdp' are 1 and 3 (none: no fsdp axis)"),
-    (re.compile(r"fix: zero=\(3, 1\) \(both\).*"),
-     "fix: --zero 3,1 (both), --zero 3, --zero 1 or --zero none (no fsdp axis)."),
-    (re.compile(r"fix: plan\(\.\.\., sequence_parallel=True, collective_matmul=True\).*"),
-     "fix: --sequence-parallel --collective-matmul."),
-)  # fmt: skip
-
-
 def _one_line(e: BaseException, args: argparse.Namespace | None = None) -> str:
     """The error in one line; an operating-system error with the fix for its cause, naming
     the flag whose path failed when `args` shows which."""
@@ -408,8 +395,6 @@ def _one_line(e: BaseException, args: argparse.Namespace | None = None) -> str:
             f"{text}; fix: free space or make the folder writable, or point --out / "
             "--checkpoint-dir elsewhere; then --resume (--debug: traceback)."
         )
-    for python_fix, cli_fix in _CLI_FIXES:
-        text = python_fix.sub(cli_fix, text)
     return text
 
 

@@ -149,11 +149,15 @@ def _zero(text: str) -> tuple[int, ...]:
     if text.strip().lower() in ("", "none", "0"):
         return ()
     try:
-        return tuple(int(z) for z in text.split(","))
+        stages = tuple(int(z) for z in text.split(","))
     except ValueError:
+        stages = ()
+    if not stages or set(stages) - {1, 3}:
         raise ShardkitValueError(
-            f"--zero {text!r}: write stages as '3,1', '3', '1' or 'none'."
-        ) from None
+            f"--zero {text!r}: the ZeRO stages over 'fsdp' are 1 and 3; fix: --zero 3,1 (both), "
+            "--zero 3, --zero 1 or --zero none (no fsdp axis)."
+        )
+    return stages
 
 
 def run(args: argparse.Namespace) -> int:
@@ -163,6 +167,11 @@ def run(args: argparse.Namespace) -> int:
         raise ShardkitValueError(
             f"--virtual {args.virtual} sets the chunks per device of the interleaved schedule, "
             f"but --schedule is {args.schedule}; fix: add --schedule interleaved."
+        )
+    if args.collective_matmul and not args.sequence_parallel:
+        raise ShardkitValueError(
+            "--collective-matmul overlaps sequence parallelism's transfers, but "
+            "--sequence-parallel is off; fix: --sequence-parallel --collective-matmul."
         )
     result = plan(
         workload,
