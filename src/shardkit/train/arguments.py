@@ -175,8 +175,8 @@ def check_batch(batch: Any, method: str, micro: int = 1, what: str = "grad_accum
 
 def batch_key(tag: str, batch: Mapping[str, Any]) -> tuple:
     """The key of the program compiled for `batch`: each field's shape, dtype and sharding."""
-    return (tag,) + tuple(
-        sorted((k, np.shape(v), str(v.dtype), str(v.sharding)) for k, v in batch.items())
+    return (tag,) + tuple(  # the keys are distinct, so sorting never compares the rest
+        sorted((k, np.shape(v), v.dtype, v.sharding) for k, v in batch.items())
     )
 
 
