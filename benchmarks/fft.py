@@ -13,6 +13,14 @@ mean anything; the per-round ratios cancel load that hits both methods of a roun
     python benchmarks/fft.py                    # 64^3 and 128^3
     python benchmarks/fft.py --big              # also 256^3
     python benchmarks/fft.py --sizes 128 256 --meshes 2x4 --rounds 21
+    python benchmarks/fft.py --sizes 128 --floor   # also the floor of any all-to-all transform
+
+With `--floor`, two programs join the rounds: the transform's exchanges alone (XLA's cheapest
+all-to-all of the shard: chunks along the leading dim, joined there; two for a pencil, over b
+then over both mesh axes, one for a slab) and the FFT work alone (`jnp.fft.fftn` of each local
+block, shorter transforms than the distributed one needs). Every distributed transform that
+moves the data with all-to-alls does at least both, on the same cores, so the median of the
+per-round sums over the one-device `fftn` is a floor for this/1dev on this machine.
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ os.environ["XLA_FLAGS"] = (
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
+from jax import lax  # noqa: E402
 from jax.sharding import AxisType, NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
@@ -87,7 +96,33 @@ def _audit(fn, x, local_bytes):
     return text, temp
 
 
-def run(n: int, mesh_shape: tuple[int, int], rounds: int) -> None:
+def _floor_programs(mesh, spec) -> dict:
+    """The exchanges alone and the FFT work alone of a transform of `x[X_a, Y_b, Z]` (see the
+    module docstring), each one jitted program over the mesh."""
+    axes = [a for a in mesh.axis_names if mesh.shape[a] > 1]
+    exchanges = [axes[-1:], axes] if len(axes) == 2 else [axes]  # pencil: over b, then (a, b)
+
+    def exchange_only(blk):
+        for group in exchanges:  # the shard as p contiguous chunks, one per peer
+            p = int(np.prod([mesh.shape[a] for a in group]))
+            flat = lax.all_to_all(blk.reshape(p, -1), tuple(group), 0, 0, tiled=True)
+            blk = flat.reshape(blk.shape)
+        return blk
+
+    def program(body):
+        return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=spec, out_specs=spec))
+
+    return {
+        FLOOR_EXCHANGES: program(exchange_only),
+        FLOOR_FFTS: program(jnp.fft.fftn),
+    }
+
+
+FLOOR_EXCHANGES = "floor: exchanges alone"
+FLOOR_FFTS = "floor: local FFTs alone"
+
+
+def run(n: int, mesh_shape: tuple[int, int], rounds: int, floor: bool = False) -> None:
     mesh = jax.make_mesh(mesh_shape, ("x", "y"), axis_types=(AxisType.Auto,) * 2)
     kind = "pencil" if min(mesh_shape) > 1 else "slab"
     spec = P("x", "y")  # inside jit on Auto axes the spec cannot be read from a traced value
@@ -120,11 +155,16 @@ def run(n: int, mesh_shape: tuple[int, int], rounds: int) -> None:
         for name, (fn, _, _) in methods.items()
     }
     args = {name: arg for name, (_, arg, _) in methods.items()}
+    floors = _floor_programs(mesh, spec) if floor else {}
+    fns.update(floors)
+    args.update(dict.fromkeys(floors, x))
     refs = {"fftn": np.fft.fftn(np.asarray(host)), "rfftn": np.fft.rfftn(np.asarray(real_host))}
     rounds_ms = _interleaved_ms(fns, args, rounds)
     times = {name: float(np.median(t)) for name, t in rounds_ms.items()}
     audits = {}
     for name, fn in fns.items():
+        if name in floors:
+            continue
         ref = refs[methods[name][2]]
         if "1 device" in name:
             audits[name] = ("none", float("nan"))
@@ -144,6 +184,9 @@ def run(n: int, mesh_shape: tuple[int, int], rounds: int) -> None:
     head = f"  {'method':32s} {'ms':>7s} {'jnp/this':>8s} {'this/jaxdecomp':>16s}"
     print(f"{head} {'this/1dev':>16s}  {'collectives':14s} {'temp/L':>6s} {'rel.err':>8s}")
     for name, t in times.items():
+        if name in floors:
+            print(f"  {name:32s} {t:7.1f} {'':8s} {'':>16s} {_ratio(rounds_ms[name], t_one):>16s}")
+            continue
         coll, temp, err = audits[name]
         real = methods[name][2] == "rfftn"
         vs_jd = _ratio(rounds_ms[name], None if real else t_jd)
@@ -153,6 +196,9 @@ def run(n: int, mesh_shape: tuple[int, int], rounds: int) -> None:
             f"  {name:32s} {t:7.1f} {speedup:8.2f} {vs_jd:>16s} {vs_one:>16s}  {coll:14s} "
             f"{temp:6.2f} {err:8.1e}"
         )
+    if floors:
+        both = rounds_ms[FLOOR_EXCHANGES] + rounds_ms[FLOOR_FFTS]
+        print(f"  floor of this/1dev (exchanges + local FFTs, per round): {_ratio(both, t_one)}")
 
 
 def main() -> None:
@@ -163,6 +209,9 @@ def main() -> None:
         "--meshes", nargs="+", default=["2x4", "4x2", "8x1"], help="meshes, e.g. 2x4 8x1"
     )
     parser.add_argument("--rounds", type=int, default=ROUNDS, help="interleaved rounds")
+    parser.add_argument(
+        "--floor", action="store_true", help="also time the exchanges alone and the FFTs alone"
+    )
     opts = parser.parse_args()
     sizes = opts.sizes or [64, 128] + ([256] if opts.big else [])
     meshes = [tuple(int(s) for s in m.split("x")) for m in opts.meshes]
@@ -176,7 +225,7 @@ def main() -> None:
     print("percentile] of per-round ratios; temp/L: per-device temporaries over the local shard L.")
     for n in sizes:
         for mesh_shape in meshes:
-            run(n, mesh_shape, opts.rounds)
+            run(n, mesh_shape, opts.rounds, opts.floor)
 
 
 if __name__ == "__main__":
