@@ -77,6 +77,24 @@ def test_generic_measure_rejects_a_non_mesh():
         measure(jax.jit(lambda x: x), jnp.ones(3), mesh={"data": 8})
 
 
+def test_generic_measure_refuses_arguments_laid_out_on_another_mesh():
+    mesh = AbstractMesh((4, 2), ("data", "model"))
+    other = AbstractMesh((8,), ("d",))
+    w = jax.ShapeDtypeStruct((64, 32), jnp.float32, sharding=NamedSharding(mesh, P()))
+    x = jax.ShapeDtypeStruct((128, 64), jnp.float32, sharding=NamedSharding(other, P("d")))
+    with pytest.raises(ValueError, match=r"args\[1\]\['x'\].*\(d=8\).*\(data=4, model=2\).*fix:"):
+        measure(jax.jit(lambda w, t: (t["x"] @ w).sum()), w, {"x": x}, mesh=mesh)
+
+
+@pytest.mark.parametrize("zero_axis", ["fsdp", ("data", "nope")])
+def test_generic_measure_refuses_a_zero_axis_the_mesh_lacks(zero_axis):
+    mesh = AbstractMesh((4, 2), ("data", "model"))
+    x = jax.ShapeDtypeStruct((128, 64), jnp.float32, sharding=NamedSharding(mesh, P("data")))
+    match = r"zero_axis=.*not an axis of the mesh \(data=4, model=2\).*fix:"
+    with pytest.raises(ValueError, match=match):
+        measure(jax.jit(lambda x: x.sum()), x, mesh=mesh, zero_axis=zero_axis)
+
+
 def test_measure_gpt_asks_for_abstract_beyond_present_devices():
     with pytest.raises(ValueError, match=r"only 8 devices are present; fix: abstract=True"):
         measure_gpt(CFG, Hybrid(data=16), devices=16, batch=16, abstract=False)

@@ -123,6 +123,37 @@ class Measurement:
         return out
 
 
+def _axes_text(mesh: Any) -> str:
+    return "(" + ", ".join(f"{k}={v}" for k, v in dict(mesh.shape).items()) + ")"
+
+
+def _check_inputs(args: tuple, mesh: Any, zero_axis: Any) -> None:
+    """Refuses a `zero_axis` that `mesh` lacks and an argument laid out on another mesh (the
+    compiler's own error names neither the argument nor the fix)."""
+    names = (zero_axis,) if isinstance(zero_axis, str) else tuple(zero_axis or ())
+    missing = [a for a in names if a not in mesh.axis_names]
+    if missing:
+        raise ShardkitValueError(
+            f"measure(zero_axis={zero_axis!r}): {', '.join(map(repr, missing))} is not an axis "
+            f"of the mesh {_axes_text(mesh)}; fix: zero_axis= one of {tuple(mesh.axis_names)} "
+            f"(the axis gradients are split over), or leave it out."
+        )
+    leaves = jax.tree_util.tree_leaves_with_path(args)
+    for path, leaf in leaves:
+        sharding = getattr(leaf, "sharding", None)
+        if not isinstance(sharding, NamedSharding):
+            continue
+        if dict(sharding.mesh.shape) != dict(mesh.shape):
+            spec = ", ".join(map(repr, sharding.spec))
+            raise ShardkitValueError(
+                f"measure(args{jax.tree_util.keystr(path)}) of shape {tuple(leaf.shape)} is laid "
+                f"out on the mesh {_axes_text(sharding.mesh)}, not on mesh= "
+                f"{_axes_text(mesh)}; fix: jax.ShapeDtypeStruct({tuple(leaf.shape)}, "
+                f"{jnp.dtype(leaf.dtype).name}, sharding=NamedSharding(mesh, P({spec}))) with "
+                f"the mesh passed as mesh=."
+            )
+
+
 def _compile(fn: Any, args: tuple, mesh: Any) -> tuple[Any, bool]:
     """Compiles `fn` for abstract `args` on `mesh` (real or abstract); (compiled, abstract)."""
 
@@ -358,7 +389,8 @@ def measure(
         A `Measurement`.
 
     Raises:
-        ValueError: when `mesh` is neither a Mesh nor an AbstractMesh.
+        ValueError: when `mesh` is neither a Mesh nor an AbstractMesh, an argument is laid out
+            on another mesh, or `zero_axis` names an axis `mesh` lacks.
 
     Example:
         >>> am = jax.sharding.AbstractMesh((512,), ("data",))
@@ -373,6 +405,7 @@ def measure(
             f"measure(mesh=...) needs a jax.sharding.Mesh or AbstractMesh, got "
             f"{type(mesh).__name__}; fix: mesh=jax.sharding.AbstractMesh((512,), ('data',))."
         )
+    _check_inputs(args, mesh, zero_axis)
     t0 = time.perf_counter()
     compiled, abstract = _compile(fn, args, mesh)
     seconds = time.perf_counter() - t0
