@@ -217,6 +217,12 @@ def shard(tree: Any, shardings: Any, mesh: Any = None) -> Any:
     """Places the arrays of ``tree`` with ``shardings`` (a tree of NamedSharding or
     PartitionSpec, or one sharding for every leaf, or a :class:`Rules`).
 
+    Raises:
+      ShardingRuleError (or the subclass :func:`shardkit.lint` names): a spec that names an
+        unknown mesh axis, repeats one, is longer than its leaf or does not divide it; a
+        shardings tree that does not mirror ``tree``; a NamedSharding on another mesh than
+        ``mesh``. Each message names the leaf path, its shape and the mesh axis sizes.
+
     Example:
       >>> params = shard(params, rules, mesh)
     """
@@ -235,12 +241,13 @@ def shard(tree: Any, shardings: Any, mesh: Any = None) -> Any:
             raise ShardingRuleError(
                 "shard(tree, rules) needs mesh=; fix: shard(tree, rules, mesh)."
             )
-        shardings = shardings.shardings(tree, mesh)
+        return jax.device_put(tree, shardings.shardings(tree, mesh))  # validated there
+    if isinstance(shardings, PartitionSpec) and mesh is None:
+        raise ShardingRuleError(
+            "shard(tree, P(...)) needs mesh=; fix: pass NamedSharding(mesh, spec) or mesh=."
+        )
+    _check_shardings(tree, shardings, mesh)
     if isinstance(shardings, PartitionSpec):
-        if mesh is None:
-            raise ShardingRuleError(
-                "shard(tree, P(...)) needs mesh=; fix: pass NamedSharding(mesh, spec) or mesh=."
-            )
         shardings = NamedSharding(mesh, shardings)
     elif mesh is not None:
         shardings = jax.tree.map(
@@ -249,6 +256,59 @@ def shard(tree: Any, shardings: Any, mesh: Any = None) -> Any:
             is_leaf=lambda x: isinstance(x, PartitionSpec),
         )
     return jax.device_put(tree, shardings)
+
+
+def _is_sharding_leaf(x: Any) -> bool:
+    return x is None or isinstance(x, (PartitionSpec, NamedSharding))
+
+
+def _check_shardings(tree: Any, shardings: Any, mesh: Any) -> None:
+    """Raises what :func:`shardkit.lint` finds in a tree of PartitionSpecs or NamedShardings (or
+    one for every leaf) before ``jax.device_put`` does, with leaf paths, shapes and mesh axis
+    sizes, and a NamedSharding on another mesh than ``mesh``.
+
+    A sharding tree may be a prefix of ``tree`` (as for ``device_put``); trees holding other
+    shardings (a device, a SingleDeviceSharding) are left to ``device_put``."""
+    if isinstance(shardings, (PartitionSpec, NamedSharding)):
+        full = jax.tree.map(lambda _: shardings, tree, is_leaf=is_variable)
+    else:
+        try:
+            full = jax.tree.map(
+                lambda s, sub: jax.tree.map(lambda _: s, sub, is_leaf=is_variable),
+                shardings,
+                tree,
+                is_leaf=_is_sharding_leaf,
+            )
+        except (ValueError, TypeError) as e:
+            why = " ".join(line.strip() for line in str(e).splitlines()).replace(
+                "tree_map tree", ""
+            )
+            raise ShardingRuleError(
+                f"shard: the shardings tree does not mirror the tree ({why}); fix: build it from "
+                "the same tree, e.g. rules.shardings(tree, mesh), or pass one PartitionSpec for "
+                "every leaf."
+            ) from None
+    flat = jax.tree.leaves(full, is_leaf=_is_sharding_leaf)
+    if not all(_is_sharding_leaf(s) for s in flat):
+        return
+    meshes = {id(s.mesh): s.mesh for s in flat if isinstance(s, NamedSharding)}
+
+    def layout(m: Any) -> tuple:  # axis types aside: the sharding's own mesh places the leaf
+        return tuple(m.shape.items()), tuple(d.id for d in m.devices.flat)
+
+    other = next(
+        (m for m in meshes.values() if mesh is not None and layout(m) != layout(mesh)), None
+    )
+    if other is not None:
+        raise ShardingRuleError(
+            f"shard: a NamedSharding in shardings is on mesh {dict(other.shape)} (devices "
+            f"{[d.id for d in other.devices.flat]}) but mesh= is {dict(mesh.shape)} (devices "
+            f"{[d.id for d in mesh.devices.flat]}); fix: build the shardings on mesh=, or pass "
+            "PartitionSpecs and mesh= alone."
+        )
+    if mesh is None and len({tuple(m.shape.items()) for m in meshes.values()}) == 1:
+        mesh = next(iter(meshes.values()))  # else several meshes: only mesh-free checks
+    lint(tree, full, mesh).raise_if_errors()
 
 
 def sharded_model(model_fn: Callable[[], Any], rules: Rules, mesh: Any) -> Any:

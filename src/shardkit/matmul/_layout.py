@@ -202,10 +202,16 @@ def layout_of(
     """Reads and validates the layout of A @ B from the operands' NamedShardings.
 
     Raises:
-        MatmulLayoutError: non-2-D operands, mismatched inner dims, no mesh, operands on
-            different meshes, unknown mesh axes, indivisible dims.
+        MatmulLayoutError: operands that are not arrays, non-2-D operands, mismatched inner
+            dims, no mesh, operands on different meshes, unknown mesh axes, indivisible dims.
     """
     for name, x in (("A", a), ("B", b)):
+        if not (hasattr(x, "shape") and hasattr(x, "dtype")):
+            raise MatmulLayoutError(
+                f"{name} is a {type(x).__name__}, not an array; fix: pass a jax.Array (e.g. "
+                f"jax.device_put(jnp.asarray({name}), NamedSharding(mesh, P('x', None)))) or a "
+                "jax.ShapeDtypeStruct."
+            )
         if len(x.shape) != 2:
             raise MatmulLayoutError(
                 f"{name} has shape {tuple(x.shape)}; matmul takes 2-D operands; fix: reshape "

@@ -7,9 +7,10 @@ import functools
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import NamedSharding
 from jaxtyping import Array, Num
 
-from shardkit.matmul._layout import MatmulLayout, Method, layout_of, normalize_spec
+from shardkit.matmul._layout import MatmulLayout, Method, layout_of, normalize_spec, pspec
 from shardkit.matmul.cases import run_recipe
 from shardkit.matmul.collective import build_collective
 from shardkit.matmul.cost import fit
@@ -89,8 +90,17 @@ def matmul(
     L = layout_of(a, b)
     out = None if out_spec is None else normalize_spec(out_spec, name="out_spec", mesh=L.mesh)
     method = fit(L, algorithm, out, bidirectional=bidirectional)
-    dtype = jnp.result_type(a.dtype, b.dtype)
-    return kernel(L, method, jnp.dtype(dtype))(a, b)
+    dtype = jnp.dtype(jnp.result_type(a.dtype, b.dtype))
+    if 0 in (L.m, L.k, L.n):  # nothing to multiply or move: jnp.matmul's zeros, laid out
+        return _zeros(L, method, dtype)()
+    return kernel(L, method, dtype)(a, b)
+
+
+@functools.lru_cache(maxsize=64)
+def _zeros(L: MatmulLayout, method: Method, dtype: jnp.dtype):
+    """The jitted ``() -> C`` of an empty product (a zero-size M, K or N): zeros, no collective."""
+    out = NamedSharding(L.mesh, pspec(method.out_spec))
+    return jax.jit(lambda: jnp.zeros((L.m, L.n), dtype), out_shardings=out)
 
 
 def compile_matmul(
@@ -127,4 +137,6 @@ def compile_matmul(
     out = None if out_spec is None else normalize_spec(out_spec, name="out_spec", mesh=L.mesh)
     method = fit(L, algorithm, out, bidirectional=bidirectional)
     dtype = jnp.dtype(jnp.result_type(a.dtype, b.dtype))
+    if 0 in (L.m, L.k, L.n):
+        return method, _zeros(L, method, dtype).lower().compile()
     return method, kernel(L, method, dtype).lower(a, b).compile()

@@ -16,7 +16,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 from jax import lax
-from jax.sharding import AxisType, NamedSharding
+from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 
@@ -130,7 +130,10 @@ def keep_free_axes(call: Callable, mesh, manual_axes: Sequence[str], args: tuple
         return call(mesh, *args)
 
     def inner(*a):
-        return call(jax.sharding.get_abstract_mesh(), *a)
+        # the concrete devices with the region's axis types: a shard_map on the abstract mesh
+        # alone leaves the program no device assignment when no input is on `mesh` yet
+        types = jax.sharding.get_abstract_mesh().axis_types
+        return call(Mesh(mesh.devices, mesh.axis_names, axis_types=types), *a)
 
     with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
         return jax.sharding.auto_axes(inner, axes=free, out_sharding=out_specs)(*args)
