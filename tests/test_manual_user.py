@@ -1,4 +1,5 @@
-"""Defects found by sweeping the user boundary (meshes, rules, placement, pipeline, matmul)."""
+"""Placement, pipeline and matmul at the user's boundary: bad spec trees, shardings on another
+mesh, inputs not yet placed, empty and non-array operands."""
 
 import jax
 import jax.numpy as jnp
