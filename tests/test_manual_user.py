@@ -135,3 +135,14 @@ def test_matmul_refuses_a_list_operand(axis_type):
     a = jax.device_put(jnp.ones((16, 32)), NamedSharding(mesh, P("x", None)))
     with pytest.raises(MatmulLayoutError, match=r"B is a list, not an array; fix: "):
         sk.matmul(a, [[1.0] * 24] * 32)
+
+
+@pytest.mark.parametrize("out_spec", ["x", "model"])
+def test_matmul_refuses_a_string_out_spec(axis_type, out_spec):
+    mesh = _mesh(axis_type, (8,), ("x",))
+    a = jax.device_put(jnp.ones((16, 8)), NamedSharding(mesh, P("x", None)))
+    b = jax.device_put(jnp.ones((8, 16)), NamedSharding(mesh, P()))
+    with pytest.raises(
+        MatmulLayoutError, match=rf"string '{out_spec}'.*fix: P\('{out_spec}', None\)"
+    ):
+        sk.matmul(a, b, out_spec=out_spec)

@@ -134,9 +134,14 @@ def normalize_spec(spec: object, *, name: str, mesh: Mesh) -> Spec:
     """Turns a PartitionSpec (or tuple) of a 2-D operand into a 2-tuple of axis names.
 
     Raises:
-        MatmulLayoutError: the spec names a mesh axis the mesh lacks, has more than two
-            entries, or puts several mesh axes on one dim.
+        MatmulLayoutError: the spec is a string, names a mesh axis the mesh lacks, has more
+            than two entries, or puts several mesh axes on one dim.
     """
+    if isinstance(spec, str):  # tuple('model') would be five one-letter axis names
+        raise MatmulLayoutError(
+            f"{name}: spec is the string {spec!r}, not a PartitionSpec; fix: "
+            f"P({spec!r}, None) to shard rows over it, or P(None, {spec!r}) for columns."
+        )
     entries = tuple(spec) if spec is not None else ()
     if len(entries) > 2:
         raise MatmulLayoutError(
