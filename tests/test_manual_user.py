@@ -146,3 +146,27 @@ def test_matmul_refuses_a_string_out_spec(axis_type, out_spec):
         MatmulLayoutError, match=rf"string '{out_spec}'.*fix: P\('{out_spec}', None\)"
     ):
         sk.matmul(a, b, out_spec=out_spec)
+
+
+@pytest.mark.parametrize(
+    "algorithm", ["auto", "allgather", "reduce_scatter", "collective", "gspmd"]
+)
+def test_grad_through_matmul_on_explicit_axes_matches_jnp(algorithm):
+    mesh = _mesh(jax.sharding.AxisType.Explicit, (8,), ("x",))
+    ka, kb = jax.random.split(jax.random.key(3))
+    a_host, b_host = jax.random.normal(ka, (16, 32)), jax.random.normal(kb, (32, 24))
+    specs = {"reduce_scatter": (P(None, "x"), P("x", None)), "collective": (P("x", None), P(None, "x"))}
+    a_spec, b_spec = specs.get(algorithm, (P("x", None), P()))
+    a = jax.device_put(a_host, NamedSharding(mesh, a_spec))
+    b = jax.device_put(b_host, NamedSharding(mesh, b_spec))
+
+    def loss(matmul, a, b):
+        return jnp.sum(jnp.tanh(matmul(a, b)))
+
+    with jax.set_mesh(mesh):
+        ga, gb = jax.grad(
+            lambda a, b: loss(lambda x, y: sk.matmul(x, y, algorithm=algorithm), a, b), (0, 1)
+        )(a, b)
+    ra, rb = jax.grad(lambda a, b: loss(jnp.matmul, a, b), (0, 1))(a_host, b_host)
+    np.testing.assert_allclose(np.asarray(ga), np.asarray(ra), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(gb), np.asarray(rb), rtol=1e-5, atol=1e-5)

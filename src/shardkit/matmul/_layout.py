@@ -19,6 +19,7 @@ from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from shardkit.collectives import bytes_moved
+from shardkit.compat import context_mesh
 from shardkit.errors import ShardkitError
 
 Spec = tuple[str | None, str | None]
@@ -186,7 +187,7 @@ def _sharding_of(x: object, name: str) -> NamedSharding | None:
             return None
         if any(t != AxisType.Explicit for t in s.mesh.axis_types):
             raise MatmulLayoutError(
-                f"{name} is traced inside jax.jit on a mesh with Auto axes "
+                f"{name} is traced (inside jax.jit, jax.grad or jax.vmap) on a mesh with Auto axes "
                 f"{dict(s.mesh.shape)}, where its layout is not part of its type; fix: call "
                 "shardkit.matmul outside jit, or use a mesh with Explicit axes "
                 "(jax.make_mesh's default)."
@@ -244,7 +245,7 @@ def layout_of(
                 "jax.device_put(A, NamedSharding(mesh, P('x', None))) first (on a mesh with "
                 "Explicit axes when calling inside jit)."
             )
-        mesh = meshes[0]
+        mesh = _concrete(meshes[0])
     for s in (sa_, sb_):
         if s is not None and not _same_mesh(s.mesh, mesh):
             where = {"A": sa_, "B": sb_}
@@ -275,6 +276,18 @@ def _device_ids(mesh: Any) -> tuple[int, ...] | None:
         return tuple(int(d.id) for d in mesh.devices.flat)
     except Exception:  # noqa: BLE001 - an AbstractMesh (inside jit) has no devices
         return None
+
+
+def _concrete(mesh: Any) -> Any:
+    """The concrete mesh of ``jax.set_mesh`` for a tracer's abstract `mesh`, when they agree.
+
+    A kernel jitted on the abstract mesh runs inside the caller's ``jit``, but under an eager
+    ``jax.grad`` its transpose runs alone, with no devices to place the cotangent on.
+    """
+    if isinstance(mesh, Mesh):
+        return mesh
+    current = context_mesh()
+    return current if current.axis_names and current.abstract_mesh == mesh else mesh
 
 
 def _same_mesh(m: Any, n: Any) -> bool:
