@@ -14,10 +14,11 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.sharding import PartitionSpec as P
 from jaxtyping import Array, Complex, Num
 
-from shardkit.errors import ShardkitValueError
+from shardkit.errors import ShardkitTypeError, ShardkitValueError
 from shardkit.fft import _layout as L
 from shardkit.fft import _partitioned as PT
 from shardkit.fft import _vmap as V
@@ -37,16 +38,9 @@ def _local(x, *, mesh, entries, axes, inverse, norm):
 
 def _run(x, axes, norm, spec, mesh, inverse, fname):
     L.check_choice("norm", norm, L.NORMS, fname)
+    L.check_array(x, fname)
     dtype = L.complex_dtype(x.dtype, fname, allow_real=not inverse)
-    ndim = len(x.shape)
-    axes = tuple(range(ndim)) if axes is None else tuple(axes)
-    for ax in axes:
-        if not -ndim <= ax < ndim:
-            raise ShardkitValueError(
-                f"{fname}: axes={axes} names dim {ax}, but x has rank {ndim} (shape "
-                f"{tuple(x.shape)}); fix: pass dims between {-ndim} and {ndim - 1}."
-            )
-    axes = tuple(sorted({ax % ndim for ax in axes}))
+    axes = _checked_axes(axes, tuple(x.shape), fname)
     if V.is_mapped(x):  # under jax.vmap: one program over the whole batch, mapped dim first
         shifted = tuple(ax + 1 for ax in axes)
         run = lambda a, spec, mesh: _run(a, shifted, norm, spec, mesh, inverse, fname)  # noqa: E731
@@ -57,9 +51,42 @@ def _run(x, axes, norm, spec, mesh, inverse, fname):
         return V.call_differentiated(run, PT.conjugated(back), x.astype(dtype))
     if PT.applies(x, spec):  # inside jit on Auto axes: XLA's partitioner lays x out
         return _partitioned(tuple(x.shape), axes, norm, inverse, fname)(x.astype(dtype))
-    mesh, entries = L.resolve(x, spec, mesh, fname)
+    x, mesh, entries = L.resolve_placed(x, spec, mesh, fname)
     _checked(tuple(x.shape), entries, mesh, axes, fname)
     return _local(x, mesh=mesh, entries=entries, axes=axes, inverse=inverse, norm=norm)
+
+
+def _checked_axes(axes: Any, shape: tuple, fname: str) -> tuple[int, ...]:
+    """`axes=` as sorted non-negative dims, or an error: not ints, out of range, or a dim
+    named twice (numpy would transform it twice, `jnp.fft.fftn` refuses)."""
+    ndim, arg = len(shape), L.arg_name(fname)
+    if axes is None:
+        return tuple(range(ndim))
+    if not isinstance(axes, Sequence) or not all(
+        isinstance(ax, int | np.integer) and not isinstance(ax, bool) for ax in axes
+    ):
+        raise ShardkitTypeError(
+            f"{fname}: axes={axes!r} is not a sequence of ints; fix: pass the dims to "
+            f"transform as a tuple, e.g. axes=(1, 2)."
+        )
+    axes = tuple(int(ax) for ax in axes)
+    for ax in axes:
+        if not -ndim <= ax < ndim:
+            raise ShardkitValueError(
+                f"{fname}: axes={axes} names dim {ax}, but {arg} has rank {ndim} (shape "
+                f"{shape}); fix: pass dims between {-ndim} and {ndim - 1}."
+            )
+    seen: set[int] = set()
+    for ax in axes:
+        if ax % ndim in seen:
+            raise ShardkitValueError(
+                f"{fname}: axes={axes} names dim {ax % ndim} twice ({arg} has shape {shape}); "
+                f"jnp.fft.fftn refuses repeated axes too; fix: name each dim once, e.g. "
+                f"axes={tuple(sorted({a % ndim for a in axes}))}, and call again to transform "
+                f"a dim twice."
+            )
+        seen.add(ax % ndim)
+    return tuple(sorted(seen))
 
 
 def _checked(shape: tuple, entries: tuple, mesh, axes: tuple, fname: str) -> None:

@@ -215,7 +215,7 @@ def forward(x, *, k, norm, layout, spec, mesh, fname):
         return V.call_differentiated(run, PT.conjugated(back), x.astype(dtype))
     if PT.applies(x, spec):  # inside jit on Auto axes: XLA's partitioner lays x out
         return _partitioned(tuple(x.shape), k, norm, layout, False, fname)(x.astype(dtype))
-    mesh, entries = L.resolve(x, spec, mesh, fname)
+    x, mesh, entries = L.resolve_placed(x, spec, mesh, fname)
     given = entries
     entries = validated(tuple(x.shape), given, k, mesh, inverse=False, layout=layout, fname=fname)
     return _c2c(
@@ -331,7 +331,7 @@ def inverse(y, *, k, norm, layout, spec, mesh, fname):
         return V.call_differentiated(run, PT.conjugated(back), y)
     if PT.applies(y, spec):  # inside jit on Auto axes: XLA's partitioner lays y out
         return _partitioned(tuple(y.shape), k, norm, layout, True, fname)(y)
-    mesh, spec_entries = L.resolve(y, spec, mesh, fname)
+    y, mesh, spec_entries = L.resolve_placed(y, spec, mesh, fname)
     entries = validated(
         tuple(y.shape), spec_entries, k, mesh, inverse=True, layout=layout, fname=fname
     )

@@ -117,7 +117,14 @@ def fftfreq3d(
     L.check_rank(y, 3, fname)
     mesh, entries = L.resolve(y, spec, mesh, fname)
     mesh = L.concrete_mesh(mesh)
+    if n is not None:
+        L.check_int("n", n, fname)
     ds = tuple(d) if isinstance(d, tuple | list) else (d,) * 3
+    if len(ds) != 3:
+        raise ShardkitValueError(
+            f"{fname}: d={d!r} has {len(ds)} values but the spectrum has 3 FFT dims (X, Y, Z); "
+            f"fix: pass one spacing, d=box / n, or one per input dim, d=(dx, dy, dz)."
+        )
     rank = len(y.shape)
     nb = rank - 3
     axes = (0, 1, 2) if layout == "natural" else (1, 2, 0)

@@ -31,10 +31,11 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.sharding import PartitionSpec as P
 from jaxtyping import Array, Shaped
 
-from shardkit.errors import ShardkitValueError
+from shardkit.errors import ShardkitTypeError, ShardkitValueError
 from shardkit.fft import _layout as L
 
 
@@ -88,14 +89,20 @@ def _halo(x, *, mesh, entries, width, periodic, adjoint):
     return jax.shard_map(body, mesh=mesh, in_specs=spec, out_specs=spec)(x)
 
 
-def _check(x, width: Any, fname: str, spec, mesh, padded: bool):
-    """Validates `width` and the layout of `x`; returns the mesh and the spec entries."""
+def _check(x, width: Any, periodic: Any, fname: str, spec, mesh, padded: bool):
+    """Validates `width`, `periodic` and the layout of `x`; returns `x` (placed on the mesh as
+    `spec=` says if it was on none, `L.resolve_placed`), the mesh and the spec entries."""
     if isinstance(width, bool) or not isinstance(width, int) or width < 0:
         raise ShardkitValueError(
             f"{fname}: width={width!r} must be a non-negative int (ghost cells on each side of "
             f"every sharded dim); fix: pass e.g. width=1 for cloud-in-cell."
         )
-    mesh, entries = L.resolve(x, spec, mesh, fname)
+    if not isinstance(periodic, bool | np.bool_):
+        raise ShardkitTypeError(
+            f"{fname}: periodic={periodic!r} is a {type(periodic).__name__}, not a bool; fix: "
+            f"pass periodic=True (wrap around at the domain's edges) or periodic=False (zeros)."
+        )
+    x, mesh, entries = L.resolve_placed(x, spec, mesh, fname)
     sizes = dict(mesh.shape)
     if not any(L.entry_size(e, sizes) > 1 for e in entries):
         raise ShardkitValueError(
@@ -117,7 +124,7 @@ def _check(x, width: Any, fname: str, spec, mesh, padded: bool):
                 f"for width={width}; fix: use width <= {local // 3 if padded else local}, or "
                 f"fewer shards along dim {d}."
             )
-    return mesh, entries
+    return x, mesh, entries
 
 
 def halo_exchange(
@@ -156,7 +163,7 @@ def halo_exchange(
     See also:
         `halo_accumulate` (the adjoint), `pfft3d`.
     """
-    mesh, entries = _check(x, width, "halo_exchange", spec, mesh, padded=False)
+    x, mesh, entries = _check(x, width, periodic, "halo_exchange", spec, mesh, padded=False)
     if width == 0:
         return x
     return _halo(x, mesh=mesh, entries=entries, width=width, periodic=periodic, adjoint=False)
@@ -196,7 +203,7 @@ def halo_accumulate(
     See also:
         `halo_exchange`.
     """
-    mesh, entries = _check(x, width, "halo_accumulate", spec, mesh, padded=True)
+    x, mesh, entries = _check(x, width, periodic, "halo_accumulate", spec, mesh, padded=True)
     if width == 0:
         return x
     return _halo(x, mesh=mesh, entries=entries, width=width, periodic=periodic, adjoint=True)

@@ -13,6 +13,7 @@ from typing import Any, Literal, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -113,6 +114,64 @@ def normalize(spec: P, ndim: int) -> tuple[Entry, ...]:
     return tuple(out)
 
 
+_SPECTRUM_ARGS = ("pifft3d", "pifft2d", "pirfft3d", "batched_ifftn", "fftfreq3d")
+
+
+def arg_name(fname: str) -> str:
+    """The name of the array argument of public function `fname`: `y` for a spectrum."""
+    return "y" if fname in _SPECTRUM_ARGS else "x"
+
+
+def check_array(x: Any, fname: str) -> None:
+    """Raises TypeError unless `x` is an array or an abstract value (it has a shape and dtype)."""
+    if not (hasattr(x, "shape") and hasattr(x, "dtype")):
+        arg = arg_name(fname)
+        raise ShardkitTypeError(
+            f"{fname}: {arg} is a {type(x).__name__}, not an array; the transform takes a "
+            f"jax.Array sharded over a mesh; fix: {arg} = jax.device_put(jnp.asarray({arg}), "
+            f"NamedSharding(mesh, P('x', 'y')))."
+        )
+
+
+def check_int(name: str, value: Any, fname: str) -> None:
+    """Raises TypeError unless `value` is an int (a NumPy integer too, not a bool)."""
+    if isinstance(value, bool) or not isinstance(value, int | np.integer):
+        raise ShardkitTypeError(
+            f"{fname}: {name}={value!r} is a {type(value).__name__}, not an int; fix: pass "
+            f"{name}= an int, e.g. {name}=int({name})."
+        )
+
+
+def _check_types(spec: Any, mesh: Any, fname: str) -> None:
+    """Raises TypeError for a `spec=` that is not a PartitionSpec or a `mesh=` that is not a
+    mesh (a str spec would otherwise be read letter by letter as mesh axis names)."""
+    if spec is not None and not isinstance(spec, P | tuple | list):
+        raise ShardkitTypeError(
+            f"{fname}: spec={spec!r} is a {type(spec).__name__}, not a PartitionSpec; fix: "
+            f"pass one entry per dim, e.g. spec=P('x', 'y') for dims 0 and 1 sharded over mesh "
+            f"axes 'x' and 'y'."
+        )
+    if mesh is not None and not isinstance(mesh, jax.sharding.Mesh | jax.sharding.AbstractMesh):
+        raise ShardkitTypeError(
+            f"{fname}: mesh={mesh!r} is a {type(mesh).__name__}, not a jax.sharding.Mesh; fix: "
+            f"pass mesh=jax.make_mesh((2, 4), ('x', 'y')) (the mesh the array is laid out on), "
+            f"or drop mesh= to read it from the array."
+        )
+
+
+def resolve_placed(x: Any, spec: P | None, mesh: Any, fname: str) -> tuple[Any, Any, tuple]:
+    """`resolve`, and `x` placed on the mesh as `spec=` says when it is not laid out on one (a
+    NumPy array, or a `jax.Array` on one device): returns `(x, mesh, entries)`.
+
+    Such an input has no sharding to contradict `spec=`, and a `jax.shard_map` over it fails
+    with JAX's own error (its in_specs do not match, or its devices are not the mesh's)."""
+    mesh, entries = resolve(x, spec, mesh, fname)
+    unplaced = not _is_tracer(x) and not isinstance(getattr(x, "sharding", None), NamedSharding)
+    if unplaced and isinstance(mesh, jax.sharding.Mesh):
+        x = jax.device_put(x, NamedSharding(mesh, P(*entries)))
+    return x, mesh, entries
+
+
 def resolve(x: Any, spec: P | None, mesh: Any, fname: str) -> tuple[Any, tuple[Entry, ...]]:
     """Finds the mesh and the PartitionSpec of `x`, or raises an error that says how to pass them.
 
@@ -120,6 +179,8 @@ def resolve(x: Any, spec: P | None, mesh: Any, fname: str) -> tuple[Any, tuple[E
     sharding, or a traced value on Explicit mesh axes). On Auto mesh axes inside `jit` the
     sharding of a traced value is unknown, so `spec=` must be given.
     """
+    check_array(x, fname)
+    _check_types(spec, mesh, fname)
     ndim = len(x.shape)
     known, own = spec_of(x), mesh_of(x)
     if mesh is not None and own is not None and not _same_mesh(mesh, own):
@@ -146,6 +207,13 @@ def resolve(x: Any, spec: P | None, mesh: Any, fname: str) -> tuple[Any, tuple[E
             f"never reshards its input; fix: drop spec=, or reshard first with "
             f"jax.sharding.reshard(x, {spec})."
         )
+    elif _replicated_on_explicit_axes(x, mesh):
+        raise ShardkitValueError(
+            f"{fname}: {arg_name(fname)} (shape {tuple(x.shape)}) is replicated on Explicit mesh "
+            f"axes (its spec is all None) but spec={spec}; the transform never reshards its "
+            f"input; fix: shard it first, jax.sharding.reshard({arg_name(fname)}, {spec}), "
+            f"and drop spec=."
+        )
     if spec is None or mesh is None:
         raise ShardkitValueError(_unknown_layout(x, mesh, fname))
     entries = normalize(spec, ndim)
@@ -159,6 +227,16 @@ def resolve(x: Any, spec: P | None, mesh: Any, fname: str) -> tuple[Any, tuple[E
             "laid out on."
         )
     return mesh, entries
+
+
+def _replicated_on_explicit_axes(x: Any, mesh: Any) -> bool:
+    """Whether `x` is a traced value known to be replicated: its spec is all None and the
+    `mesh` it is used on has only Explicit axes (on Auto ones all None means unknown)."""
+    if not _is_tracer(x) or mesh is None:
+        return False
+    types = tuple(getattr(mesh, "axis_types", ()))
+    explicit = bool(types) and all(t == AxisType.Explicit for t in types)
+    return explicit and all(e is None for e in jax.typeof(x).sharding.spec)
 
 
 def _same_mesh(a: Any, b: Any) -> bool:
@@ -182,12 +260,9 @@ def concrete_mesh(mesh: Any) -> Any:
     return context if concrete and context.abstract_mesh == mesh else mesh
 
 
-_SPECTRUM_ARGS = ("pifft3d", "pifft2d", "pirfft3d", "batched_ifftn", "fftfreq3d")
-
-
 def _unknown_layout(x: Any, mesh: Any, fname: str) -> str:
     """The one-line error for an input whose sharding cannot be read: what, where, the fix."""
-    arg = "y" if fname in _SPECTRUM_ARGS else "x"
+    arg = arg_name(fname)
     shape = tuple(x.shape)
     if not _is_tracer(x) or mesh is None:
         where = "a traced value on Auto mesh axes" if _is_tracer(x) else "an unsharded array"
@@ -228,11 +303,14 @@ def _unknown_layout(x: Any, mesh: Any, fname: str) -> str:
 
 def check_rank(x: Any, k: int, fname: str) -> None:
     """Raises ValueError unless `x` has the `k` FFT dims (plus optional batch dims)."""
+    check_array(x, fname)
     if len(x.shape) < k:
+        arg = arg_name(fname)
         raise ShardkitValueError(
-            f"{fname}: x has rank {len(x.shape)} (shape {tuple(x.shape)}) but a {k}-D transform "
-            f"needs at least {k} dims (leading extra dims are batch dims); fix: reshape x to "
-            f"{k} trailing FFT dims, e.g. x.reshape((1,) * {k - len(x.shape)} + x.shape)."
+            f"{fname}: {arg} has rank {len(x.shape)} (shape {tuple(x.shape)}) but a {k}-D "
+            f"transform needs at least {k} dims (leading extra dims are batch dims); fix: "
+            f"reshape {arg} to {k} trailing FFT dims, e.g. "
+            f"{arg}.reshape((1,) * {k - len(x.shape)} + {arg}.shape)."
         )
 
 
@@ -381,7 +459,7 @@ def complex_dtype(dtype: Any, fname: str, *, allow_real: bool) -> Any:
             f"fix: x.astype(jnp.float32) or x.astype(jnp.complex64)."
         )
     raise ShardkitTypeError(
-        f"{fname}: x has dtype {dtype} but the inverse transform expects a complex spectrum "
+        f"{fname}: y has dtype {dtype} but the inverse transform expects a complex spectrum "
         f"(complex64 or complex128); fix: pass the complex output of the forward transform; "
         f"for a half spectrum of a real field use pirfft3d on the output of prfft3d."
     )

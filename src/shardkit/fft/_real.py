@@ -284,7 +284,7 @@ def prfft3d(
             _rfft_adjoint, z=x.shape[-1], norm=norm, layout=layout, spec=kspec, mesh=mesh
         )
         return V.call_differentiated(run, back, x.astype(rdtype))
-    mesh, entries = L.resolve(x, spec, mesh, fname)
+    x, mesh, entries = L.resolve_placed(x, spec, mesh, fname)
     L.check_fft_entries(entries, mesh, 3, fname, shape=tuple(x.shape))
     batch, a, b = entries[:-3], entries[-3], entries[-2]
     check_sizes(tuple(x.shape), batch, a, b, mesh, fname)
@@ -361,6 +361,8 @@ def pirfft3d(
     L.check_choice("norm", norm, L.NORMS, fname)
     L.check_choice("layout", layout, L.LAYOUTS, fname)
     L.check_rank(y, 3, fname)
+    if n is not None:
+        L.check_int("n", n, fname)
     cdtype = L.complex_dtype(y.dtype, fname, allow_real=False)
     if V.is_mapped(y):  # under jax.vmap: one program over the whole batch
         kshape = tuple(y.shape) if layout == "natural" else L.roll(tuple(y.shape), 3, -1)
@@ -377,7 +379,7 @@ def pirfft3d(
             _irfft_adjoint, kz=kz, n=n, norm=norm, layout=layout, spec=fspec, mesh=mesh
         )
         return V.call_differentiated(run, back, y)
-    mesh, entries = L.resolve(y, spec, mesh, fname)
+    y, mesh, entries = L.resolve_placed(y, spec, mesh, fname)
     kshape = tuple(y.shape)
     if layout == "transposed":
         entries, kshape = L.roll(entries, 3, -1), L.roll(kshape, 3, -1)

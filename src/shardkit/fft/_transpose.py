@@ -127,7 +127,7 @@ def _transpose(x, *, forward: bool, spec, mesh, fname: str):
         return V.call_differentiated(run, back, x)
     if PT.applies(x, spec):  # inside jit on Auto axes: XLA's partitioner lays x out
         return _partitioned(tuple(x.shape), forward, fname)(x)
-    mesh, given = L.resolve(x, spec, mesh, fname)
+    x, mesh, given = L.resolve_placed(x, spec, mesh, fname)
     entries = L.whole_if_trivial(given, dict(mesh.shape))
     _check(tuple(x.shape), entries, mesh, forward, fname)
     return _step(x, mesh=mesh, entries=entries, forward=forward, given=given)
