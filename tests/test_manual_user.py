@@ -155,7 +155,10 @@ def test_grad_through_matmul_on_explicit_axes_matches_jnp(algorithm):
     mesh = _mesh(jax.sharding.AxisType.Explicit, (8,), ("x",))
     ka, kb = jax.random.split(jax.random.key(3))
     a_host, b_host = jax.random.normal(ka, (16, 32)), jax.random.normal(kb, (32, 24))
-    specs = {"reduce_scatter": (P(None, "x"), P("x", None)), "collective": (P("x", None), P(None, "x"))}
+    specs = {
+        "reduce_scatter": (P(None, "x"), P("x", None)),
+        "collective": (P("x", None), P(None, "x")),
+    }
     a_spec, b_spec = specs.get(algorithm, (P("x", None), P()))
     a = jax.device_put(a_host, NamedSharding(mesh, a_spec))
     b = jax.device_put(b_host, NamedSharding(mesh, b_spec))
@@ -170,3 +173,23 @@ def test_grad_through_matmul_on_explicit_axes_matches_jnp(algorithm):
     ra, rb = jax.grad(lambda a, b: loss(jnp.matmul, a, b), (0, 1))(a_host, b_host)
     np.testing.assert_allclose(np.asarray(ga), np.asarray(ra), rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(np.asarray(gb), np.asarray(rb), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("batch_axis", [None, "b"])
+@pytest.mark.parametrize("algorithm", ["auto", "allgather", "gspmd"])
+def test_vmap_over_matmul_keeps_or_refuses_the_batch_axis(batch_axis, algorithm):
+    mesh = _mesh(jax.sharding.AxisType.Explicit, (2, 4), ("b", "x"))
+    a_host = jax.random.normal(jax.random.key(0), (4, 16, 8))
+    b_host = jax.random.normal(jax.random.key(1), (8, 16))
+    a = jax.device_put(a_host, NamedSharding(mesh, P(batch_axis, "x", None)))
+    b = jax.device_put(b_host, NamedSharding(mesh, P()))
+    with jax.set_mesh(mesh):
+        run = jax.vmap(lambda a: sk.matmul(a, b, algorithm=algorithm))
+        if batch_axis and algorithm != "gspmd":
+            with pytest.raises(
+                MatmulLayoutError, match=r"mapped by jax.vmap.*'b'.*fix: algorithm='gspmd'"
+            ):
+                run(a)
+            return
+        c = run(a)
+    np.testing.assert_allclose(np.asarray(c), np.asarray(a_host @ b_host), rtol=1e-5, atol=1e-5)

@@ -26,6 +26,7 @@ __all__ = [
     "scan_parts",
     "version_line",
     "versions",
+    "vmap_mapped_entry",
 ]
 
 
@@ -89,6 +90,17 @@ def is_vmap_mapped(x: Any) -> bool:
     from jax._src.interpreters import batching  # private: no public vmap-tracer query
 
     return isinstance(x, batching.BatchTracer) and x.batch_dim is not None
+
+
+def vmap_mapped_entry(x: Any) -> Any:
+    """The PartitionSpec entry (mesh axis names) of the dim the innermost ``jax.vmap`` maps
+    ``x`` over, or None when ``x`` is not mapped or that dim is not sharded (0.10.2–0.12)."""
+    import jax
+
+    if not is_vmap_mapped(x):
+        return None
+    spec = tuple(jax.typeof(x.val).sharding.spec)
+    return spec[x.batch_dim] if x.batch_dim < len(spec) else None
 
 
 def autodiff_over_vmap(x: Any) -> str | None:

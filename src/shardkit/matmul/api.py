@@ -10,7 +10,15 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding
 from jaxtyping import Array, Num
 
-from shardkit.matmul._layout import MatmulLayout, Method, layout_of, normalize_spec, pspec
+from shardkit.compat import vmap_mapped_entry
+from shardkit.matmul._layout import (
+    MatmulLayout,
+    MatmulLayoutError,
+    Method,
+    layout_of,
+    normalize_spec,
+    pspec,
+)
 from shardkit.matmul.cases import run_recipe
 from shardkit.matmul.collective import build_collective
 from shardkit.matmul.cost import fit
@@ -87,6 +95,7 @@ def matmul(
 
     See also: :func:`shardkit.matmul.explain`, :func:`shardkit.matmul.chain`.
     """
+    _check_vmapped(a, b, algorithm)
     L = layout_of(a, b)
     out = None if out_spec is None else normalize_spec(out_spec, name="out_spec", mesh=L.mesh)
     method = fit(L, algorithm, out, bidirectional=bidirectional)
@@ -94,6 +103,22 @@ def matmul(
     if 0 in (L.m, L.k, L.n):  # nothing to multiply or move: jnp.matmul's zeros, laid out
         return _zeros(L, method, dtype)()
     return kernel(L, method, dtype)(a, b)
+
+
+def _check_vmapped(a: object, b: object, algorithm: str) -> None:
+    """Refuses an operand whose ``jax.vmap``-mapped dim is sharded: the kernels run on 2-D
+    blocks, so that mesh axis would be lost (or JAX fails inside ``shard_map``)."""
+    if algorithm == "gspmd":
+        return
+    for name, x in (("A", a), ("B", b)):
+        entry = vmap_mapped_entry(x)
+        if entry is not None:
+            raise MatmulLayoutError(
+                f"{name} is mapped by jax.vmap over a dim sharded over mesh axis {entry!r}, but "
+                f"algorithm={algorithm!r} multiplies 2-D blocks and cannot keep that axis; fix: "
+                "algorithm='gspmd' (the compiler partitions the batch), or jnp.einsum over the "
+                "batched operands."
+            )
 
 
 @functools.lru_cache(maxsize=64)
