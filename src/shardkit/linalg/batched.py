@@ -28,7 +28,7 @@ from jax.sharding import PartitionSpec as P
 from shardkit.errors import ShardkitValueError
 from shardkit.linalg import layout
 from shardkit.linalg.det import SlogdetResult
-from shardkit.linalg.layout import check_dtype, n_devices
+from shardkit.linalg.layout import check_array, check_dtype, n_devices, onto_mesh
 from shardkit.linalg.lu import SingularMatrixError
 from shardkit.placement import constrain
 
@@ -52,7 +52,8 @@ def _batched_jit(a_stack, b_stack, mesh, axes, vector):
 
 
 def _check_stack(a_stack, *, square: bool = True) -> tuple[int, ...]:
-    shape = tuple(getattr(a_stack, "shape", ()))
+    check_array(a_stack, "a_stack")
+    shape = tuple(a_stack.shape)
     if len(shape) != 3 or (square and shape[1] != shape[2]):
         kind = "square matrices (B, N, N)" if square else "matrices (B, M, N)"
         raise ShardkitValueError(
@@ -122,7 +123,7 @@ def batched_slogdet(
     _check_stack(a_stack)
     check_dtype(a_stack, "a_stack")
     mesh, axes = _batch_axes(a_stack, mesh, axis_names)
-    return SlogdetResult(*_slogdet_jit(a_stack, mesh, axes))
+    return SlogdetResult(*_slogdet_jit(onto_mesh(a_stack, mesh, axes), mesh, axes))
 
 
 def batched_det(
@@ -179,7 +180,7 @@ def batched_lu(
     _check_stack(a_stack, square=False)
     check_dtype(a_stack, "a_stack")
     mesh, axes = _batch_axes(a_stack, mesh, axis_names)
-    return _lu_jit(a_stack, mesh, axes)
+    return _lu_jit(onto_mesh(a_stack, mesh, axes), mesh, axes)
 
 
 def batched_solve(
@@ -215,15 +216,18 @@ def batched_solve(
 
     See also: :func:`shardkit.linalg.solve` for one large system.
     """
-    a_shape, b_shape = _check_stack(a_stack), tuple(getattr(b_stack, "shape", ()))
+    check_array(b_stack, "b_stack")
+    a_shape, b_shape = _check_stack(a_stack), tuple(b_stack.shape)
+    check_dtype(a_stack, "a_stack", integers=True)  # integers promote, as in jnp.linalg.solve
     if len(b_shape) not in (2, 3) or b_shape[:2] != a_shape[:2]:
         raise ShardkitValueError(
             f"b_stack: expected shape ({a_shape[0]}, {a_shape[1]}) or ({a_shape[0]}, "
             f"{a_shape[1]}, k) to match a_stack {a_shape}, got {b_shape}."
         )
     mesh, axes = _batch_axes(a_stack, mesh, axis_names)
+    a_stack, b_stack = onto_mesh(a_stack, mesh, axes), onto_mesh(b_stack, mesh, axes)
     x = _batched_jit(a_stack, b_stack, mesh, axes, len(b_shape) == 2)
-    if check and not isinstance(x, jax.core.Tracer):
+    if check and x.size and not isinstance(x, jax.core.Tracer):
         bad = ~jnp.isfinite(x.reshape(a_shape[0], -1)).all(axis=1)
         if bool(bad.any()):
             i = int(jnp.argmax(bad))

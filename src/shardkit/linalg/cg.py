@@ -32,12 +32,12 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 from jax import lax
-from jax.sharding import Mesh
+from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from shardkit.errors import ShardkitValueError
 from shardkit.linalg import layout
-from shardkit.linalg.layout import n_devices
+from shardkit.linalg.layout import check_array, n_devices, onto_mesh
 from shardkit.placement import constrain
 
 __all__ = ["CGInfo", "cg"]
@@ -174,7 +174,9 @@ def cg(
 
     Raises:
         ValueError: shapes do not match, N is not a multiple of the device count, an unknown
-            preconditioner, or "jacobi" with a matrix-free operator.
+            preconditioner, "jacobi" with a matrix-free operator, or ``x0`` is not of ``b``'s
+            shape.
+        TypeError: ``a`` or ``b`` is not an array (a list), or ``mesh`` is not a mesh.
 
     Example:
         >>> x, info = cg(a, b, mesh=mesh, preconditioner="jacobi")
@@ -182,7 +184,10 @@ def cg(
     See also: :func:`shardkit.linalg.cho_solve` (direct SPD solve), :func:`shardkit.linalg.solve`.
     """
     matrix = not callable(a)
-    b_shape = tuple(getattr(b, "shape", ()))
+    for arg, value in (("a", a), ("b", b), ("x0", x0)) if matrix else (("b", b), ("x0", x0)):
+        if value is not None:
+            check_array(value, arg)
+    b_shape = tuple(b.shape)
     if len(b_shape) != 1:
         raise ShardkitValueError(
             f"b: expected a vector (N,), got shape {b_shape}. Solve one rhs at a time."
@@ -203,14 +208,26 @@ def cg(
             "preconditioner: 'jacobi' needs the matrix, but a is a function. Pass the matrix, "
             "or a function r -> r / diag(A) as preconditioner."
         )
-    mesh, axes = layout.resolve_mesh(a if matrix else b, mesh, axis_names, arg="a")
+    placed = [
+        x
+        for x in ((a, b) if matrix else (b,))
+        if isinstance(getattr(x, "sharding", None), NamedSharding)
+    ]
+    source = placed[0] if placed else (a if matrix else b)  # a's mesh, else b's (documented)
+    mesh, axes = layout.resolve_mesh(source, mesh, axis_names, arg="a")
     p = n_devices(mesh, axes)
     if n % p:
         raise ShardkitValueError(
             f"b: size {n} is not a multiple of the {p} devices along mesh axes {axes} "
             f"(mesh {dict(mesh.shape)}). Pad the system to {-(-n // p) * p} (e.g. identity rows)."
         )
-    x0 = jnp.zeros((n,), b.dtype) if x0 is None else x0
+    if x0 is not None and tuple(x0.shape) != b_shape:
+        raise ShardkitValueError(
+            f"x0: expected shape {b_shape} to match b {b_shape}, got {tuple(x0.shape)}. Fix: "
+            "pass an initial guess of b's shape, or leave x0=None (zeros)."
+        )
+    a, b = (onto_mesh(a, mesh, axes) if matrix else a), onto_mesh(b, mesh, axes)
+    x0 = jnp.zeros((n,), b.dtype) if x0 is None else onto_mesh(x0, mesh, axes)
     maxiter = 10 * n if maxiter is None else int(maxiter)
     return _cg_jit(
         a if matrix else None, b, x0, tol, atol,

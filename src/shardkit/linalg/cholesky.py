@@ -31,13 +31,14 @@ from jax import lax
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
-from shardkit.errors import ShardkitError
+from shardkit.errors import ShardkitError, ShardkitTypeError
 from shardkit.linalg import layout
 from shardkit.linalg.layout import (
     block_size_for,
     check_matrix,
     n_chunks,
     n_devices,
+    onto_mesh,
     zeros_varying,
 )
 from shardkit.linalg.triangular import (
@@ -288,6 +289,7 @@ def cholesky(
     """
     check_matrix(a, "a")
     mesh, axes = layout.resolve_mesh(a, mesh, axis_names, arg="a")
+    a = onto_mesh(a, mesh, axes)
     block_size = block_size_for(block_size, a.shape[0], n_devices(mesh, axes))
     l, info = _cholesky_jit(a, mesh, axes, block_size)
     if check:
@@ -313,6 +315,7 @@ def cho_solve(factors: CholeskyFactors, b: jax.Array, *, check: bool = True) -> 
 
     Raises:
         ValueError: ``b`` does not match the factored matrix.
+        TypeError: ``factors`` is not :func:`cholesky`'s, or ``b`` is not an array.
         NotPositiveDefiniteError: ``check`` and the factors report a failed factorization.
         SingularMatrixError: ``check`` and L has an exact zero on its diagonal or x is not
             finite.
@@ -322,13 +325,19 @@ def cho_solve(factors: CholeskyFactors, b: jax.Array, *, check: bool = True) -> 
 
     See also: :func:`cholesky`, :func:`shardkit.linalg.triangular_solve`.
     """
+    if not isinstance(factors, CholeskyFactors):
+        raise ShardkitTypeError(
+            f"factors: expected the CholeskyFactors of shardkit.linalg.cholesky, got "
+            f"{type(factors).__name__} (scipy's cho_factor gives a (c, lower) tuple). Fix: "
+            "cho_solve(cholesky(a), b)."
+        )
     b2, shape = as_columns(b, factors.n, "b")
-    dtype, b2, join = real_columns(b2, factors.l.dtype)
+    dtype, b2, join = real_columns(onto_mesh(b2, factors.mesh), factors.l.dtype)
     if check:
         _raise_if_not_spd(factors.info, factors.n)
     x, info = _cho_solve_jit(
         factors.l.astype(dtype), b2, factors.mesh, factors.axis_names, factors.block_size
     )
     if check:
-        raise_if_singular_triangle(x, info, factors.n, "L", arg="factors")
+        raise_if_singular_triangle(x, info, factors.n, "L", b2, arg="factors")
     return join(x).reshape(shape)

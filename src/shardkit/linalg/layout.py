@@ -35,9 +35,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
-from jax.sharding import Mesh, NamedSharding
+from jax.sharding import AbstractMesh, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from shardkit import compat
 from shardkit.errors import ShardkitTypeError, ShardkitValueError
 from shardkit.placement import constrain
 
@@ -61,7 +62,13 @@ def resolve_mesh(
 
     Raises:
         ValueError: no mesh can be found, or an axis name is not in the mesh.
+        TypeError: ``mesh`` is not a mesh.
     """
+    if mesh is not None and not isinstance(mesh, Mesh | AbstractMesh):
+        raise ShardkitTypeError(
+            f"mesh: expected a jax.sharding.Mesh, got {type(mesh).__name__} {mesh!r}. Fix: pass "
+            "mesh=jax.make_mesh((8,), ('x',)) and name its axes with axis_names=."
+        )
     if mesh is None:
         sharding = getattr(x, "sharding", None)
         if isinstance(sharding, NamedSharding):
@@ -98,6 +105,22 @@ def resolve_mesh(
     return mesh, axes
 
 
+def onto_mesh(x, mesh, rows: tuple[str, ...] | None = None):
+    """``x`` on the devices of ``mesh``: a concrete array committed elsewhere (to one device, or
+    to another mesh) is moved there once, outside ``jit``, which refuses arguments whose devices
+    differ from those of the mesh its program runs on; dim 0 sharded over the mesh axes
+    ``rows`` when they divide it, else replicated. Numpy arrays, uncommitted arrays and tracers
+    are returned as they are."""
+    if not isinstance(x, jax.Array) or isinstance(x, jax.core.Tracer) or not x.committed:
+        return x
+    concrete = mesh if isinstance(mesh, Mesh) else compat.context_mesh()  # jax.set_mesh's
+    if concrete.empty or x.sharding.device_set == set(concrete.devices.flat):
+        return x
+    whole = rows is None or x.ndim == 0 or x.shape[0] % n_devices(concrete, rows)
+    spec = P() if whole else P(rows, *(None,) * (x.ndim - 1))
+    return jax.device_put(x, NamedSharding(concrete, spec))
+
+
 def n_devices(mesh: Mesh, axes: tuple[str, ...]) -> int:
     """Number of devices along the mesh axes ``axes``."""
     return int(np.prod([mesh.shape[a] for a in axes]))
@@ -110,6 +133,11 @@ def padded_size(n: int, block_size: int, p: int) -> int:
         >>> padded_size(100, 8, 8)
         128
     """
+    for arg, value in (("block_size", block_size), ("p", p)):
+        if not isinstance(value, int | np.integer) or isinstance(value, bool) or value < 1:
+            raise ShardkitValueError(
+                f"{arg}: must be a positive int, got {value!r}. Try padded_size(n, 32, 8)."
+            )
     step = block_size * p
     return -(-n // step) * step
 
@@ -313,10 +341,31 @@ def global_index(local_len, nb, p, me):
     return ((i // nb) * p + me) * nb + i % nb
 
 
+def check_array(x, arg: str) -> None:
+    """Raises TypeError unless ``x`` is an array (a list has no shape to report)."""
+    if not (hasattr(x, "shape") and hasattr(x, "dtype")):
+        raise ShardkitTypeError(
+            f"{arg}: expected an array, got {type(x).__name__}. Fix: pass jnp.asarray({arg}) "
+            "(jnp.linalg refuses lists too)."
+        )
+
+
+def check_flag(value, arg: str) -> bool:
+    """Returns ``value`` as a bool, raising TypeError unless it is one (numpy's too): read as
+    truthy, scipy's ``trans='N'`` (no transpose) or ``lower='upper'`` would do the opposite."""
+    if not isinstance(value, bool | np.bool_):
+        raise ShardkitTypeError(
+            f"{arg}: expected True or False, got {type(value).__name__} {value!r}. Fix: pass "
+            f"{arg}=True or {arg}=False (scipy's trans='N'/'T' is transpose=False/True)."
+        )
+    return bool(value)
+
+
 def check_matrix(a, arg: str, *, square: bool = True, stacked: str | None = None) -> None:
     """Raises unless ``a`` is a (square, if ``square``) floating or complex matrix; the message
     points a stack of matrices to the batched function ``stacked`` when there is one."""
-    shape = tuple(getattr(a, "shape", ()))
+    check_array(a, arg)
+    shape = tuple(a.shape)
     kind, dims = ("square matrix", "N, N") if square else ("matrix", "M, N")
     hint = f"; for a stack of matrices (B, {dims}) use {stacked}" if stacked else ""
     if len(shape) != 2 or (square and shape[0] != shape[1]):
@@ -340,13 +389,20 @@ def solve_dtype(*dtypes) -> jnp.dtype:
     return full if jnp.issubdtype(full, jnp.inexact) else jnp.result_type(full, jnp.float32)
 
 
-def check_dtype(a, arg: str) -> None:
-    """Raises TypeError unless ``a`` is floating or complex (what LAPACK factors)."""
-    if not jnp.issubdtype(a.dtype, jnp.inexact):
-        raise ShardkitTypeError(
-            f"{arg}: expected a floating or complex dtype (float32, float64, complex64, "
-            f"complex128), got {a.dtype}. Convert with {arg}.astype(jnp.float32)."
-        )
+_LAPACK_DTYPES = ("float32", "float64", "complex64", "complex128")
+
+
+def check_dtype(a, arg: str, *, integers: bool = False) -> None:
+    """Raises TypeError unless ``a`` is float32, float64, complex64 or complex128 (what LAPACK
+    factors: half precision is refused, as numpy.linalg refuses it), or, with ``integers``, an
+    integer or bool array (promoted to float, as ``jnp.linalg.solve`` does)."""
+    dtype = jnp.dtype(a.dtype)
+    if dtype.name in _LAPACK_DTYPES or (integers and not jnp.issubdtype(dtype, jnp.inexact)):
+        return
+    raise ShardkitTypeError(
+        f"{arg}: expected a floating or complex dtype (float32, float64, complex64, "
+        f"complex128), got {dtype}. Convert with {arg}.astype(jnp.float32)."
+    )
 
 
 def block_size_for(nb: int | None, n: int, p: int = 1) -> int:

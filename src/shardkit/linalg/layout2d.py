@@ -82,6 +82,13 @@ def grid_to_rows_local(a, *, nb, pr, pc, axes):
 
 def check_grid(mesh, grid, arg: str = "grid") -> tuple[str, str]:
     """Validates ``grid=(row_axis, col_axis)`` against the mesh."""
+    if len(mesh.axis_names) < 2:
+        raise ShardkitValueError(
+            f"{arg}: the 2-D LU needs a mesh with two axes, but the mesh {dict(mesh.shape)} has "
+            f"{len(mesh.axis_names)} axis; got grid={grid!r}. Fix: pass "
+            "mesh=jax.make_mesh((2, 4), ('r', 'c')) with grid=('r', 'c'), or drop grid= for "
+            "the 1-D LU."
+        )
     if not (isinstance(grid, tuple | list) and len(grid) == 2 and grid[0] != grid[1]):
         raise ShardkitValueError(
             f"{arg}: expected two different mesh axis names (row_axis, col_axis), got {grid!r}. "

@@ -55,6 +55,7 @@ from shardkit.linalg.layout import (
     check_matrix,
     n_chunks,
     n_devices,
+    onto_mesh,
     zeros_varying,
 )
 from shardkit.linalg.layout2d import check_grid, grid_orders
@@ -70,11 +71,14 @@ class SingularMatrixError(ShardkitError, ValueError):
     """An exactly zero pivot was met: the matrix is singular (in working precision)."""
 
 
-def raise_if_singular(x, info, n: int, *, what: str, entry: str, fix: str, arg: str = "a") -> None:
+def raise_if_singular(
+    x, info, n: int, *, what: str, entry: str, fix: str, arg: str = "a", rhs=None
+) -> None:
     """Raises :class:`SingularMatrixError` when ``info > 0`` (``entry[info-1, info-1]`` of the
     (n, n) ``what`` is exactly zero) or the solution ``x`` is not finite; both messages start
-    with the argument ``arg`` that holds the matrix and end with ``fix``. Nothing inside
-    ``jit``: the arrays are traced there (callers read ``info``)."""
+    with the argument ``arg`` that holds the matrix and end with ``fix``, unless the (N, k)
+    right-hand side ``rhs`` holds inf or NaN: then the message names ``b`` and the row. Nothing
+    inside ``jit``: the arrays are traced there (callers read ``info``)."""
     if isinstance(x, jax.core.Tracer) or isinstance(info, jax.core.Tracer):
         return
     i = int(info)
@@ -84,6 +88,14 @@ def raise_if_singular(x, info, n: int, *, what: str, entry: str, fix: str, arg: 
             f"(info={i}). {fix}"
         )
     if not bool(jnp.isfinite(x).all()):
+        finite_rows = None if rhs is None else jnp.isfinite(rhs).all(axis=1)  # reductions only
+        if finite_rows is not None and not bool(finite_rows.all()):
+            raise SingularMatrixError(
+                f"b: the right-hand side holds inf or NaN (first in row "
+                f"{int(jnp.argmin(finite_rows))}), so the solution of the ({n}, {n}) system is "
+                "not finite. Fix: replace the non-finite entries of b (check=False returns "
+                "the non-finite solution)."
+            )
         raise SingularMatrixError(
             f"{arg}: the solution of the ({n}, {n}) system is not finite (the {what} is singular "
             f"to working precision or holds inf/NaN). {fix}"
@@ -356,6 +368,7 @@ def lu(
     """
     check_matrix(a, "a", square=False, stacked="batched_lu")
     mesh, axes = layout.resolve_mesh(a, mesh, axis_names, arg="a")
+    a = onto_mesh(a, mesh, axes)
     (m, n), s = a.shape, max(a.shape)
     block_size = block_size_for(block_size, s, n_devices(mesh, axes))
     if grid is not None:

@@ -27,13 +27,15 @@ from jax import lax
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
-from shardkit.errors import ShardkitValueError
+from shardkit.errors import ShardkitTypeError, ShardkitValueError
 from shardkit.linalg import layout
 from shardkit.linalg.grid import lu_solve_grid_jit, no_grid_grad, solve_grid_jit
 from shardkit.linalg.layout import (
     block_size_for,
+    check_flag,
     check_matrix,
     n_devices,
+    onto_mesh,
 )
 from shardkit.linalg.layout2d import check_grid
 from shardkit.linalg.lu import LUFactors, lu_local, raise_if_singular
@@ -260,8 +262,8 @@ _SINGULAR_FIX = (
 )
 
 
-def _raise_if_singular(x: jax.Array, info: jax.Array, n: int, arg: str = "a") -> None:
-    raise_if_singular(x, info, n, what="matrix", entry="U", fix=_SINGULAR_FIX, arg=arg)
+def _raise_if_singular(x: jax.Array, info: jax.Array, n: int, rhs, arg: str = "a") -> None:
+    raise_if_singular(x, info, n, what="matrix", entry="U", fix=_SINGULAR_FIX, arg=arg, rhs=rhs)
 
 
 def lu_solve(
@@ -286,7 +288,10 @@ def lu_solve(
 
     Raises:
         ValueError: ``b`` does not match the factored matrix.
-        SingularMatrixError: ``check`` and ``factors.info > 0`` or x is not finite.
+        TypeError: ``factors`` is not :func:`~shardkit.linalg.lu`'s (scipy's ``(lu, piv)``
+            tuple), ``b`` is not an array, or ``transpose`` is not a bool.
+        SingularMatrixError: ``check`` and ``factors.info > 0``, x is not finite, or ``b``
+            holds inf or NaN.
 
     Example:
         >>> f = lu(a, mesh=mesh)
@@ -294,6 +299,13 @@ def lu_solve(
 
     See also: :func:`solve`, :func:`~shardkit.linalg.lu`.
     """
+    if not isinstance(factors, LUFactors):
+        raise ShardkitTypeError(
+            f"factors: expected the LUFactors of shardkit.linalg.lu, got "
+            f"{type(factors).__name__} (scipy's lu_factor gives a (lu, piv) tuple). Fix: "
+            "lu_solve(lu(a), b), or solve(a, b) for one right-hand side."
+        )
+    transpose = check_flag(transpose, "transpose")
     if factors.m is not None:
         raise ShardkitValueError(
             f"factors: lu_solve needs the LU factors of a square matrix; these are of a "
@@ -302,7 +314,7 @@ def lu_solve(
             "solver."
         )
     b2, shape = as_columns(b, factors.n, "b")
-    dtype, b2, join = real_columns(b2, factors.lu.dtype)
+    dtype, b2, join = real_columns(onto_mesh(b2, factors.mesh), factors.lu.dtype)
     packed = factors.lu.astype(dtype)
     if transpose and factors.grid is not None:
         raise ShardkitValueError(
@@ -319,7 +331,7 @@ def lu_solve(
         )  # fmt: skip
     x = x[: factors.n]
     if check:
-        _raise_if_singular(x, factors.info, factors.n, arg="factors")
+        _raise_if_singular(x, factors.info, factors.n, b2, arg="factors")
     return join(x).reshape(shape)
 
 
@@ -366,8 +378,9 @@ def solve(
     Raises:
         ValueError: ``a`` is not square, ``b`` does not match, ``block_size`` is not in
             ``1..N``, or no mesh.
-        TypeError: ``a`` is not a floating or complex array.
-        SingularMatrixError: ``check`` and the matrix is singular.
+        TypeError: ``a`` or ``b`` is not a float32/64 or complex64/128 array (a list, half
+            precision), ``transpose`` is not a bool, or ``mesh`` is not a mesh.
+        SingularMatrixError: ``check`` and the matrix is singular, or ``b`` holds inf or NaN.
 
     Example:
         >>> mesh = jax.make_mesh((8,), ("x",))
@@ -378,9 +391,11 @@ def solve(
     """
     check_matrix(a, "a", stacked="batched_solve")
     b2, shape = as_columns(b, a.shape[0], "b")
+    transpose = check_flag(transpose, "transpose")
+    mesh, axes = layout.resolve_mesh(a, mesh, axis_names, arg="a")
+    a, b2 = onto_mesh(a, mesh, axes), onto_mesh(b2, mesh)
     dtype, b2, join = real_columns(b2, a.dtype)
     a = a.astype(dtype)
-    mesh, axes = layout.resolve_mesh(a, mesh, axis_names, arg="a")
     block_size = block_size_for(block_size, a.shape[0], n_devices(mesh, axes))
     if transpose:  # the layout change that follows moves the transposed shards (all-to-all)
         a = a.T
@@ -389,6 +404,6 @@ def solve(
     else:
         x, info = _solve_jit(a, b2, mesh, axes, block_size)
     if check:
-        _raise_if_singular(x, info, a.shape[0])
+        _raise_if_singular(x, info, a.shape[0], b2)
     x = join(x).reshape(shape)
     return (x, info) if return_info else x

@@ -40,9 +40,12 @@ from shardkit.errors import ShardkitValueError
 from shardkit.linalg import layout
 from shardkit.linalg.layout import (
     block_size_for,
+    check_array,
+    check_flag,
     check_matrix,
     global_index,
     n_devices,
+    onto_mesh,
     zeros_varying,
 )
 from shardkit.linalg.lu import raise_if_singular
@@ -124,7 +127,8 @@ def tri_solve_local(
 
 def as_columns(b, n: int, arg: str) -> tuple[jax.Array, tuple[int, ...]]:
     """Validates a right-hand side (N,) or (N, k) and returns it as (N, k) plus its shape."""
-    shape = tuple(getattr(b, "shape", ()))
+    check_array(b, arg)
+    shape = tuple(b.shape)
     if len(shape) not in (1, 2) or shape[0] != n:
         raise ShardkitValueError(
             f"{arg}: expected shape ({n},) or ({n}, k) to match the ({n}, {n}) matrix, got "
@@ -294,7 +298,7 @@ def first_zero_cyclic_local(a, *, nb, p, axes):
     return lax.pmin(jnp.min(jnp.where(diag == 0, gcol, n_pad)).astype(jnp.int32), axes)
 
 
-def raise_if_singular_triangle(x, info, n: int, name: str, arg: str = "a") -> None:
+def raise_if_singular_triangle(x, info, n: int, name: str, rhs, arg: str = "a") -> None:
     """:func:`~shardkit.linalg.lu.raise_if_singular` for a triangle ``a`` or a Cholesky factor
     ``L`` (``name``) passed as argument ``arg``, whose fix is a nonzero diagonal or
     ``check=False``."""
@@ -303,7 +307,7 @@ def raise_if_singular_triangle(x, info, n: int, name: str, arg: str = "a") -> No
         "Fix: make the diagonal nonzero (or use float64), or pass check=False to get JAX's "
         "inf/NaN result instead."
     )
-    raise_if_singular(x, info, n, what=what, entry=name, fix=fix, arg=arg)
+    raise_if_singular(x, info, n, what=what, entry=name, fix=fix, arg=arg, rhs=rhs)
 
 
 @functools.partial(
@@ -360,6 +364,8 @@ def triangular_solve(
 
     Raises:
         ValueError: ``a`` is not square, ``b`` does not match it, or no mesh.
+        TypeError: ``a`` or ``b`` is not a float32/64 or complex64/128 array, or ``lower``,
+            ``transpose`` or ``unit_diagonal`` is not a bool (scipy's ``trans='N'``).
         SingularMatrixError: ``check`` and the triangle is singular or x is not finite.
 
     Example:
@@ -370,11 +376,14 @@ def triangular_solve(
 
     check_matrix(a, "a")
     b2, shape = as_columns(b, a.shape[0], "b")
+    lower, transpose = check_flag(lower, "lower"), check_flag(transpose, "transpose")
+    unit_diagonal = check_flag(unit_diagonal, "unit_diagonal")
+    mesh, axes = layout.resolve_mesh(a, mesh, axis_names, arg="a")
+    a, b2 = onto_mesh(a, mesh, axes), onto_mesh(b2, mesh)
     dtype, b2, join = real_columns(b2, a.dtype)
     a = a.astype(dtype)
-    mesh, axes = layout.resolve_mesh(a, mesh, axis_names, arg="a")
     block_size = block_size_for(block_size, a.shape[0], n_devices(mesh, axes))
     x, info = _tri_jit(a, b2, mesh, axes, block_size, lower, transpose, unit_diagonal)
     if check:
-        raise_if_singular_triangle(x, info, a.shape[0], "a")
+        raise_if_singular_triangle(x, info, a.shape[0], "a", b2)
     return join(x).reshape(shape)
