@@ -108,11 +108,13 @@ def test_no_module_imports_another_modules_private_name():
 
 
 @pytest.mark.parametrize(
-    "module", ["shardkit.common", "shardkit.errors", "shardkit.compat", "shardkit.placement"]
-)
-def test_the_bottom_modules_import_nothing_from_shardkit(module):
+    "module, allowed",
+    [("shardkit.common", ()), ("shardkit.errors", ()), ("shardkit.compat", ()),
+     ("shardkit.placement", ("shardkit.errors",))],  # its errors, with a fix, like the others
+)  # fmt: skip
+def test_the_bottom_modules_import_nothing_from_shardkit(module, allowed):
     mods = modules()
-    assert [dst for src, dst, _, _ in imports(mods) if src == module] == []
+    assert [dst for src, dst, _, _ in imports(mods) if src == module and dst not in allowed] == []
 
 
 def test_every_shardkit_error_derives_from_shardkit_error():

@@ -84,6 +84,11 @@ def spec_notation(
         dims = list(_DIM_LETTERS[:rank])
     else:  # beyond Z the dims are numbered
         dims = [f"D{i}" for i in range(rank)]
+    if isinstance(spec, str) or not isinstance(spec, (PartitionSpec, tuple, list)):
+        raise ShardkitTypeError(
+            f"spec_notation: spec is {type(spec).__name__} {spec!r}, not a PartitionSpec; "
+            f"fix: spec_notation(shape, P({spec!r}))."
+        )
     if len(spec) > len(dims):
         raise ShardkitValueError(
             f"spec_notation: spec {spec} has {len(spec)} entries but the array has "
@@ -126,7 +131,25 @@ class Layout:
 def _parse_dtype(dtype: Any) -> np.dtype:
     import jax.numpy as jnp
 
-    return np.dtype(jnp.dtype(dtype))
+    try:
+        return np.dtype(jnp.dtype(dtype))
+    except TypeError:
+        msg = f"show/layout_of: dtype={dtype!r} is not a dtype; fix: dtype='float32'."
+        raise ShardkitTypeError(msg) from None
+
+
+def _parse_shape(shape: Any) -> tuple[int, ...]:
+    """`shape` as a tuple of ints >= 0, or an error naming it."""
+    ok = isinstance(shape, (Sequence, np.ndarray)) and all(
+        isinstance(s, (int, np.integer)) and not isinstance(s, bool) for s in shape
+    )
+    if not ok or any(s < 0 for s in shape):
+        why = "has a negative size" if ok else "is not a sequence of integer sizes"
+        raise ShardkitValueError(
+            f"show/layout_of: shape={shape!r} {why}; fix: sizes >= 0, e.g. shape=(8, 4), or "
+            "shape=(8,) for one dim."
+        )
+    return tuple(int(s) for s in shape)
 
 
 def layout_of(
@@ -157,11 +180,7 @@ def layout_of(
             raise ShardkitTypeError(
                 "show/layout_of: pass an array, or shape= with sharding= or mesh=+spec=."
             )
-        shape = tuple(int(s) for s in shape)
-        if any(s < 0 for s in shape):
-            raise ShardkitValueError(
-                f"show/layout_of: shape {shape} has a negative size; fix: sizes >= 0."
-            )
+        shape = _parse_shape(shape)
         if sharding is None:
             if mesh is None:
                 raise ShardkitTypeError(
@@ -176,11 +195,19 @@ def layout_of(
                     else f"show/layout_of: spec is {type(spec).__name__}, not a PartitionSpec; "
                     "fix: spec=P('data', None)."
                 )
+            if not isinstance(mesh, (jax.sharding.Mesh, jax.sharding.AbstractMesh)):
+                fix = "not a jax.sharding.Mesh; fix: mesh=shardkit.make_mesh({'data': 8})."
+                raise ShardkitTypeError(f"show/layout_of: mesh is {type(mesh).__name__}, {fix}")
             leaf = {"array": jax.ShapeDtypeStruct(shape, _parse_dtype(dtype))}
             lint(leaf, spec, mesh).raise_if_errors()
             sharding = NamedSharding(mesh, spec)
     if sharding is None:
         raise ShardkitTypeError("show/layout_of: this array has no sharding to show.")
+    if not isinstance(sharding, Sharding):
+        raise ShardkitTypeError(
+            f"show/layout_of: sharding={sharding!r} is not a jax.sharding.Sharding; fix: "
+            "sharding=NamedSharding(mesh, P('data')), or mesh= with spec=."
+        )
     indices = dict(sharding.devices_indices_map(tuple(shape)))
     return Layout(tuple(shape), _parse_dtype(dtype), sharding, indices)
 
@@ -207,13 +234,12 @@ def _grid(layout: Layout, dims: Sequence[int] | None):
         shown = sorted(shown)
     else:
         dims = (dims,) if isinstance(dims, (int, np.integer)) else tuple(dims)
-        wrong = [d for d in dims if not -nd <= int(d) < nd]
-        if wrong:
+        is_int = lambda d: isinstance(d, (int, np.integer)) and not isinstance(d, bool)
+        wrong = [d for d in dims if not is_int(d) or not -nd <= d < nd]
+        if wrong:  # a rank-0 array has no dims: leave dims out
             raise ShardkitValueError(
-                f"dims={dims}: dim {wrong[0]} is out of range for a rank-{nd} array; fix: dims "
-                f"in {-nd}..{nd - 1}."
-                if nd
-                else f"dims={dims}: a rank-0 array has no dims; fix: leave dims out."
+                f"dims={dims}: dim {wrong[0]!r} is out of range for a rank-{nd} array; fix: "
+                + (f"integer dims in {-nd}..{nd - 1}." if nd else "leave dims out.")
             )
         shown = [int(d) % nd for d in dims]
         if len(set(shown)) != len(shown) or len(shown) > 2:
@@ -477,12 +503,14 @@ def tree_table(tree: Any, specs: Any = None, mesh: Any = None) -> list[dict[str,
     """
     leaves = leaf_path_items(tree)
     if specs is None:
-        own = []
+        own, meshes = [], []
         for _, leaf in leaves:
             sh = getattr(leaf, "sharding", None)
             own.append(getattr(sh, "spec", PartitionSpec()))
-            if mesh is None and getattr(sh, "mesh", None) is not None:
-                mesh = sh.mesh
+            if getattr(sh, "mesh", None) is not None and sh.mesh not in meshes:
+                meshes.append(sh.mesh)
+        if mesh is None and len(meshes) == 1:  # leaves on several meshes: each read on its own
+            mesh = meshes[0]
         report = lint(tree, jax.tree.structure(tree, is_leaf=is_variable).unflatten(own), mesh)
     else:
         report = lint(tree, specs, mesh)

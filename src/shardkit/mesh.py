@@ -23,7 +23,12 @@ import numpy as np
 from jax.sharding import AxisType, Mesh
 
 from shardkit.compat import backend_started
-from shardkit.errors import ShardkitError, ShardkitRuntimeError, ShardkitValueError
+from shardkit.errors import (
+    ShardkitError,
+    ShardkitRuntimeError,
+    ShardkitTypeError,
+    ShardkitValueError,
+)
 
 __all__ = [
     "MeshError",
@@ -60,6 +65,11 @@ def _parse_axis_types(axis_types: AxisTypesArg, n: int) -> tuple[AxisType, ...]:
 
     if isinstance(axis_types, (str, AxisType)):
         return (one(axis_types),) * n
+    if not isinstance(axis_types, Sequence):
+        raise MeshError(
+            f"axis_types={axis_types!r} is not a mesh axis type or a sequence of them; fix: "
+            "axis_types='explicit', 'auto', or one per mesh axis, e.g. ('auto', 'explicit')."
+        )
     types = tuple(one(t) for t in axis_types)
     if len(types) != n:
         raise MeshError(
@@ -79,6 +89,11 @@ def _resolve_shape(
                 "make_mesh({'data': 4, 'model': 2}) or make_mesh((4, 2), ('data', 'model'))."
             )
         names, shape = tuple(axes.keys()), tuple(axes.values())
+    elif isinstance(axes, str) or not isinstance(axes, (int, np.integer, Sequence)):
+        raise MeshError(
+            f"make_mesh({axes!r}): axes must be a dict of mesh axis name -> size or a shape; "
+            "fix: make_mesh({'data': 8}) or make_mesh((8,), ('data',))."
+        )
     else:
         shape = (axes,) if isinstance(axes, (int, np.integer)) else tuple(axes)
         pairs = all(isinstance(p, (tuple, list)) and len(p) == 2 for p in shape)
@@ -130,12 +145,24 @@ def fill_rest(sizes: Mapping[str, int], n_devices: int) -> dict[str, int]:
       n_devices: the devices to fill.
 
     Raises:
-      MeshError: when the other sizes' product does not divide ``n_devices``.
+      MeshError: when the other sizes' product does not divide ``n_devices``, more than one
+        size is -1, or a size is not an integer >= 1 (or -1).
 
     Example:
       >>> fill_rest({"data": -1, "tensor": 2}, 8)
       {'data': 4, 'tensor': 2}
     """
+    for k, v in sizes.items():
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v == 0 or v < -1:
+            raise MeshError(
+                f"fill_rest: {k!r} has size {v!r} in {dict(sizes)}; sizes must be integers "
+                ">= 1, or -1 for 'the rest of the devices'; fix: e.g. {'data': -1, 'tensor': 2}."
+            )
+    if list(sizes.values()).count(-1) > 1:
+        raise MeshError(
+            f"fill_rest: at most one size may be -1 ('the rest'); got {dict(sizes)}; fix: give "
+            "every other size, e.g. {'data': -1, 'tensor': 2}."
+        )
     known = math.prod(int(v) for v in sizes.values() if v != -1)
     if -1 not in sizes.values():
         return {k: int(v) for k, v in sizes.items()}
@@ -185,6 +212,8 @@ def make_mesh(
 
     See also: :func:`describe_mesh`, :func:`simulate_cpu_devices`.
     """
+    if devices is not None and not isinstance(devices, (np.ndarray, jax.Device)):
+        devices = list(devices)  # a generator or another iterable of devices
     devs = list(jax.devices() if devices is None else np.asarray(devices, dtype=object).flat)
     if not devs:
         raise MeshError("devices is empty; fix: pass at least one device, e.g. jax.devices()[:1].")
@@ -252,8 +281,28 @@ def first_devices(sizes: Mapping[str, int]) -> list[Any] | None:
     return devs[:need] if need < len(devs) else None
 
 
+def _check_mesh(fn: str, mesh: Any) -> None:
+    """Raises unless `mesh` is a Mesh or AbstractMesh."""
+    if isinstance(mesh, (Mesh, jax.sharding.AbstractMesh)):
+        return
+    hint = (
+        f"{fn}(x.sharding.mesh)"
+        if isinstance(mesh, jax.sharding.NamedSharding)
+        else f"{fn}(shardkit.make_mesh({{'data': 8}}))"
+    )
+    raise ShardkitTypeError(
+        f"{fn}: mesh is {type(mesh).__name__}, not a jax.sharding.Mesh or AbstractMesh; "
+        f"fix: {hint}."
+    )
+
+
 def mesh_axis_sizes(mesh: Mesh | Any) -> dict[str, int]:
-    """Returns ``{mesh axis name: size}`` for a Mesh or AbstractMesh."""
+    """Returns ``{mesh axis name: size}`` for a Mesh or AbstractMesh.
+
+    Raises:
+      TypeError: ``mesh`` is not a mesh.
+    """
+    _check_mesh("mesh_axis_sizes", mesh)
     return dict(mesh.shape)
 
 
@@ -276,7 +325,11 @@ def describe_mesh(mesh: Mesh) -> str:
     Example:
       >>> describe_mesh(make_mesh({"data": 8}))
       'Mesh(data=8; explicit; 8 devices cpu:0-7, 1 process)'
+
+    Raises:
+      TypeError: ``mesh`` is not a mesh (a NamedSharding's is ``sharding.mesh``).
     """
+    _check_mesh("describe_mesh", mesh)
     axes = ", ".join(f"{k}={v}" for k, v in mesh.shape.items())
     if isinstance(mesh, jax.sharding.AbstractMesh):
         return f"Mesh({axes}; {_axis_type_name(mesh)}; abstract, no devices)"
@@ -299,7 +352,11 @@ def mesh_table(mesh: Mesh) -> str:
       data\\model   0   1   2   3
       0            0   1   2   3
       1            4   5   6   7
+
+    Raises:
+      TypeError: ``mesh`` is not a mesh. MeshError: ``mesh`` is abstract (has no devices).
     """
+    _check_mesh("mesh_table", mesh)
     if isinstance(mesh, jax.sharding.AbstractMesh):
         raise MeshError(
             f"mesh_table: {describe_mesh(mesh)} has no devices to lay out; fix: pass the "
@@ -351,8 +408,9 @@ def simulate_cpu_devices(n: int) -> None:
       >>> import shardkit as sk
       >>> sk.simulate_cpu_devices(8)  # first thing in the script
     """
-    if not isinstance(n, int) or n < 1:
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
         raise ShardkitValueError(f"simulate_cpu_devices: n must be an integer >= 1, got {n!r}.")
+    n = int(n)
     if n > MAX_SIMULATED:  # each is a thread and buffers in this process: JAX hangs starting
         raise ShardkitValueError(
             f"simulate_cpu_devices: {n} devices is more than {MAX_SIMULATED}, which one process "

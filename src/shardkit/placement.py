@@ -19,12 +19,15 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
+import math
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 import jax
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
+
+from shardkit.errors import ShardkitValueError
 
 __all__ = [
     "constrain",
@@ -41,13 +44,58 @@ __all__ = [
 
 
 def _keep(spec: Sequence[Any], axes: set[str]) -> P:
-    """`spec` with only the mesh axes in `axes` left."""
+    """`spec` with only the mesh axes in `axes` left (`P.UNCONSTRAINED` entries stay)."""
     out = []
     for entry in spec:
+        if entry is P.UNCONSTRAINED:
+            out.append(entry)
+            continue
         names = entry if isinstance(entry, tuple) else (entry,)
         kept = tuple(a for a in names if a is not None and a in axes)
         out.append(kept if len(kept) > 1 else (kept[0] if kept else None))
     return P(*out)
+
+
+def _check_names(mesh: Any, names: Sequence[Any], where: str) -> None:
+    """Raises unless every name is a mesh axis of `mesh`, named once (`_keep` would drop an
+    unknown one: the dim silently whole)."""
+    seen: set[Any] = set()
+    for name in names:
+        if name not in mesh.axis_names:
+            raise ShardkitValueError(
+                f"{where} names mesh axis {name!r}, but the mesh has axes {dict(mesh.shape)}; "
+                f"fix: use one of {tuple(mesh.axis_names)}, or None to keep the dim whole."
+            )
+        if name in seen:
+            raise ShardkitValueError(
+                f"{where} names mesh axis {name!r} twice (mesh {dict(mesh.shape)}); fix: split "
+                f"the dims over each mesh axis at most once."
+            )
+        seen.add(name)
+
+
+def _checked_spec(mesh: Any, spec: P | Sequence[Any] | str) -> tuple[Any, ...]:
+    """`spec`'s entries (a bare string is one mesh axis, as `P("data")`; each letter of it
+    was taken for a mesh axis), checked by `_check_names`."""
+    entries = (spec,) if isinstance(spec, str) else tuple(spec)
+    names = [
+        n
+        for e in entries
+        if e is not None and e is not P.UNCONSTRAINED
+        for n in (e if isinstance(e, tuple) else (e,))
+    ]
+    _check_names(mesh, names, f"constrain: spec {P(*entries)}")
+    return entries
+
+
+def _explicit_part(x: Any, spec: tuple[Any, ...], explicit: set[str]) -> P:
+    """The Explicit axes of `spec`; an unconstrained dim keeps the split of `x`'s type."""
+    current = tuple(getattr(jax.typeof(x).sharding, "spec", ()))
+    entries = [
+        (current[i] if i < len(current) else None) if e is P.UNCONSTRAINED else e
+        for i, e in enumerate(spec)
+    ]
+    return _keep(entries, explicit)
 
 
 def constrain(x: jax.Array, mesh: Any, spec: P | Sequence[Any]) -> jax.Array:
@@ -56,16 +104,24 @@ def constrain(x: jax.Array, mesh: Any, spec: P | Sequence[Any]) -> jax.Array:
     Args:
         x: an array (or tracer).
         mesh: a `Mesh` or `AbstractMesh`.
-        spec: a `PartitionSpec` or a sequence of its entries.
+        spec: a `PartitionSpec`, a sequence of its entries, or one mesh axis name. A
+            `P.UNCONSTRAINED` entry leaves the dim to the compiler on Auto axes and as it is
+            on Explicit ones.
+
+    Raises:
+        ValueError: `spec` names a mesh axis `mesh` lacks, or one twice; (JAX's) it is longer
+            than `x`'s rank, or splits a dim over Explicit mesh axes that do not divide it.
 
     Example:
         >>> y = jax.jit(lambda x: constrain(x, mesh, P("data", None)))(x)  # doctest: +SKIP
     """
+    spec = _checked_spec(mesh, spec)
     kinds = dict(zip(mesh.axis_names, mesh.axis_types, strict=True))
     explicit = {a for a, t in kinds.items() if t == AxisType.Explicit}
     auto = {a for a, t in kinds.items() if t == AxisType.Auto}
     if explicit:
-        x = jax.sharding.reshard(x, NamedSharding(mesh, _keep(spec, explicit)))
+        want = _explicit_part(x, spec, explicit)
+        x = jax.sharding.reshard(x, NamedSharding(mesh, want))
     if auto:
         x = jax.lax.with_sharding_constraint(x, NamedSharding(mesh, _keep(spec, auto)))
     return x
@@ -95,12 +151,26 @@ def sequence_parallel(
     """Turns on sequence parallelism over mesh axis `axis` for models traced inside; `batch`
     names the mesh axes the activations' batch dim is split over (kept as it is).
     `collective_matmul=True` makes `shardkit.overlap`'s matmuls rings whose transfers overlap
-    their products."""
-    token = _SEQUENCE.set((mesh, axis, tuple(batch), bool(collective_matmul)))
+    their products.
+
+    Raises:
+        ValueError: `axis` or a `batch` name is not a mesh axis of `mesh`, or `axis` is also in
+            `batch`."""
+    batch = _checked_axes(mesh, axis, batch)
+    token = _SEQUENCE.set((mesh, axis, batch, bool(collective_matmul)))
     try:
         yield
     finally:
         _SEQUENCE.reset(token)
+
+
+def _checked_axes(mesh: Any, axis: str, batch: Sequence[str] | str) -> tuple[str, ...]:
+    """`batch` as a tuple (a bare string is one mesh axis), once `axis` and `batch` are known
+    to be distinct mesh axes of `mesh` (a misspelt `axis` turned sequence parallelism off
+    without a word)."""
+    batch = (batch,) if isinstance(batch, str) else tuple(batch)
+    _check_names(mesh, (*batch, axis), f"sequence_parallel(axis={axis!r}, batch={batch})")
+    return batch
 
 
 # the batch axes of the activations while a vmap's spmd_axis_name holds the others
@@ -143,6 +213,8 @@ def _sequence_spec(x: jax.Array, seq: str | None) -> tuple[Any, P, bool] | None:
         lead = current[0] if len(current) else None
     else:  # the batch axes, stated: left open, the compiler may move "tensor" onto the batch
         lead = batch[0] if len(batch) == 1 else (batch or None)
+        if x.shape[0] % math.prod(dict(mesh.shape)[b] for b in batch):
+            lead = None  # a batch the batch axes do not divide stays whole
     return mesh, P(lead, seq, *([None] * (x.ndim - 2))), explicit
 
 

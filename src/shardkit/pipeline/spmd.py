@@ -19,16 +19,7 @@ from jax import lax
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-
-def vary(tree: Any, axes: Sequence[str]) -> Any:
-    """pcast every leaf to varying over ``axes`` (those it is not varying over yet)."""
-
-    def one(a):
-        have = jax.typeof(a).manual_axis_type.varying
-        missing = tuple(ax for ax in axes if ax not in have)
-        return lax.pcast(a, missing, to="varying") if missing else a
-
-    return jax.tree.map(one, tree)
+from shardkit.rings import vary as vary  # the pipeline's loop carries, typed as the rings'
 
 
 def reduce(tree: Any, op: Callable, axes: Sequence[str]) -> Any:
