@@ -19,6 +19,8 @@ os.environ["XLA_FLAGS"] = (
 # tests/test_linalg_lu.py took 93 s with it against 112 s without.
 os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
 
+import gc  # noqa: E402
+
 import jax  # noqa: E402
 import pytest  # noqa: E402
 from jax.sharding import AxisType  # noqa: E402
@@ -73,6 +75,22 @@ def pytest_collection_modifyitems(config, items):
             if key in seen:
                 item.add_marker(pytest.mark.sweep)
             seen.add(key)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _free_compiled_programs():
+    """Frees every compiled program after each test module (`jax.clear_caches()`).
+
+    XLA:CPU maps each program's code into its own memory areas, about 6 per small program,
+    and JAX's caches keep every program alive. The whole suite compiles more programs than
+    Linux's default limit of 65,530 areas per process (`vm.max_map_count`) allows: the compile
+    that crosses it fails, and the error, thrown through the JIT-compiled code's unwind tables,
+    ended the run with a segmentation fault (in `tests/test_linalg_transpose.py`, a quarter of
+    the way through). Clearing after each module keeps the process well below the limit.
+    """
+    yield
+    jax.clear_caches()
+    gc.collect()
 
 
 def pytest_report_header(config):
