@@ -442,7 +442,7 @@ def _summary(run, history, eval_acc, eval_loss, compile_s, ckpt) -> tuple[dict, 
         "MFU estimate": f"{achieved / peak:.1%} of measured host matmul peak {peak:.3g} FLOP/s"
         if math.isfinite(peak)
         else "n/a (pass the accelerator peak)",
-        **predicted_vs_measured(run, tok_s, achieved / peak if math.isfinite(peak) else None),
+        **predicted_vs_measured(run, tok_s),
         "compile time": f"{compile_s:.1f} s",
         "checkpoints": f"{ckpt.directory} steps {ckpt.all_steps()}",
     }

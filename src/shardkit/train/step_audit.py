@@ -137,8 +137,11 @@ def strategy_owned(trainer, report) -> tuple[Any, list[str]]:
     return dataclasses.replace(report, warnings=tuple(kept)), lines
 
 
-def predicted_vs_measured(run, tok_s: float, mfu: float | None) -> dict[str, str]:
-    """The planner's prediction for the layout that ran, beside what was measured."""
+def predicted_vs_measured(run, tok_s: float) -> dict[str, str]:
+    """The planner's prediction for the layout that ran, beside what was measured; both MFUs
+    are the planner's (its FLOPs over its profile's peak), so they differ as the step times
+    do. The summary's "MFU estimate" is another figure: model FLOPs over the measured host
+    matmul peak."""
     try:
         workload = Transformer.from_gpt_config(
             run.model_cfg, batch=run.cfg.batch, precision=run.cfg.precision
@@ -155,6 +158,8 @@ def predicted_vs_measured(run, tok_s: float, mfu: float | None) -> dict[str, str
         "tokens/s vs predicted": f"{tok_s:,.0f} measured vs {tokens / c.step_time:,.0f} "
         f"predicted (planner's {hw.name!r} profile)",
     }
-    if mfu is not None:
-        out["MFU vs predicted"] = f"{mfu:.1%} measured vs {c.mfu:.1%} predicted"
+    out["MFU vs predicted"] = (
+        f"{c.mfu * c.step_time / step:.1%} measured vs {c.mfu:.1%} predicted (of the "
+        f"{hw.name!r} profile's peak)"
+    )
     return out
