@@ -22,7 +22,7 @@ import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh
 
-from shardkit.compat import backend_started
+from shardkit.compat import backend_started, context_mesh
 from shardkit.errors import (
     ShardkitError,
     ShardkitRuntimeError,
@@ -32,6 +32,7 @@ from shardkit.errors import (
 
 __all__ = [
     "MeshError",
+    "concrete_mesh",
     "describe_mesh",
     "fill_rest",
     "make_mesh",
@@ -279,6 +280,20 @@ def first_devices(sizes: Mapping[str, int]) -> list[Any] | None:
     need = math.prod(int(v) for v in sizes.values())
     devs = jax.devices()
     return devs[:need] if need < len(devs) else None
+
+
+def concrete_mesh(mesh: Any) -> Any:
+    """`mesh`, or when it is a traced value's abstract mesh, the concrete mesh of
+    `jax.set_mesh` with the same axes (else `mesh` itself).
+
+    A kernel jitted on an abstract mesh runs inside the caller's `jit`, but under an eager
+    `jax.grad` or `jax.vmap` its parts run alone and need devices: to place arrays, or to run
+    a transpose on the cotangent.
+    """
+    if isinstance(mesh, Mesh):
+        return mesh
+    context = context_mesh()
+    return context if not context.empty and context.abstract_mesh == mesh else mesh
 
 
 def _check_mesh(fn: str, mesh: Any) -> None:

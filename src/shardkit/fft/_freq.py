@@ -15,6 +15,7 @@ from jaxtyping import Array, Float
 from shardkit.errors import ShardkitValueError
 from shardkit.fft import _complex, _real
 from shardkit.fft import _layout as L
+from shardkit.mesh import concrete_mesh
 
 
 def spectral_layout(
@@ -116,7 +117,7 @@ def fftfreq3d(
     L.check_choice("layout", layout, L.LAYOUTS, fname)
     L.check_rank(y, 3, fname)
     mesh, entries = L.resolve(y, spec, mesh, fname)
-    mesh = L.concrete_mesh(mesh)
+    mesh = concrete_mesh(mesh)
     if n is not None:
         L.check_int("n", n, fname)
     ds = tuple(d) if isinstance(d, tuple | list) else (d,) * 3

@@ -17,7 +17,6 @@ import numpy as np
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from shardkit.compat import context_mesh
 from shardkit.errors import ShardkitTypeError, ShardkitValueError
 
 Layout = Literal["natural", "transposed"]
@@ -247,17 +246,6 @@ def _same_mesh(a: Any, b: Any) -> bool:
     if not (isinstance(a, jax.sharding.Mesh) and isinstance(b, jax.sharding.Mesh)):
         return True
     return [d.id for d in a.devices.flat] == [d.id for d in b.devices.flat]
-
-
-def concrete_mesh(mesh: Any) -> Any:
-    """`mesh`, or when it is a traced value's abstract mesh, the concrete mesh of
-    `jax.set_mesh` with the same axes: arrays can be placed on it outside `jit` too (under
-    `jax.grad` or `jax.vmap` alone)."""
-    if isinstance(mesh, jax.sharding.Mesh):
-        return mesh
-    context = context_mesh()
-    concrete = isinstance(context, jax.sharding.Mesh) and not context.empty
-    return context if concrete and context.abstract_mesh == mesh else mesh
 
 
 def _unknown_layout(x: Any, mesh: Any, fname: str) -> str:

@@ -38,8 +38,8 @@ from jax import lax
 from jax.sharding import AbstractMesh, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from shardkit import compat
 from shardkit.errors import ShardkitTypeError, ShardkitValueError
+from shardkit.mesh import concrete_mesh
 from shardkit.placement import constrain
 
 __all__ = [
@@ -113,8 +113,8 @@ def onto_mesh(x, mesh, rows: tuple[str, ...] | None = None):
     are returned as they are."""
     if not isinstance(x, jax.Array) or isinstance(x, jax.core.Tracer) or not x.committed:
         return x
-    concrete = mesh if isinstance(mesh, Mesh) else compat.context_mesh()  # jax.set_mesh's
-    if concrete.empty or x.sharding.device_set == set(concrete.devices.flat):
+    concrete = concrete_mesh(mesh)  # jax.set_mesh's for an abstract one
+    if not isinstance(concrete, Mesh) or x.sharding.device_set == set(concrete.devices.flat):
         return x
     whole = rows is None or x.ndim == 0 or x.shape[0] % n_devices(concrete, rows)
     spec = P() if whole else P(rows, *(None,) * (x.ndim - 1))

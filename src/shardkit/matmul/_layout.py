@@ -19,8 +19,8 @@ from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from shardkit.collectives import bytes_moved
-from shardkit.compat import context_mesh
 from shardkit.errors import ShardkitError
+from shardkit.mesh import concrete_mesh
 
 Spec = tuple[str | None, str | None]
 
@@ -245,7 +245,7 @@ def layout_of(
                 "jax.device_put(A, NamedSharding(mesh, P('x', None))) first (on a mesh with "
                 "Explicit axes when calling inside jit)."
             )
-        mesh = _concrete(meshes[0])
+        mesh = concrete_mesh(meshes[0])  # jax.set_mesh's, for a tracer's abstract mesh
     for s in (sa_, sb_):
         if s is not None and not _same_mesh(s.mesh, mesh):
             where = {"A": sa_, "B": sb_}
@@ -276,18 +276,6 @@ def _device_ids(mesh: Any) -> tuple[int, ...] | None:
         return tuple(int(d.id) for d in mesh.devices.flat)
     except Exception:  # noqa: BLE001 - an AbstractMesh (inside jit) has no devices
         return None
-
-
-def _concrete(mesh: Any) -> Any:
-    """The concrete mesh of ``jax.set_mesh`` for a tracer's abstract `mesh`, when they agree.
-
-    A kernel jitted on the abstract mesh runs inside the caller's ``jit``, but under an eager
-    ``jax.grad`` its transpose runs alone, with no devices to place the cotangent on.
-    """
-    if isinstance(mesh, Mesh):
-        return mesh
-    current = context_mesh()
-    return current if current.axis_names and current.abstract_mesh == mesh else mesh
 
 
 def _same_mesh(m: Any, n: Any) -> bool:
