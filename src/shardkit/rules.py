@@ -280,9 +280,7 @@ def _check_shardings(tree: Any, shardings: Any, mesh: Any) -> None:
                 is_leaf=_is_sharding_leaf,
             )
         except (ValueError, TypeError) as e:
-            why = " ".join(line.strip() for line in str(e).splitlines()).replace(
-                "tree_map tree", ""
-            )
+            why = " ".join(line.strip() for line in str(e).splitlines())  # JAX's, on one line
             raise ShardingRuleError(
                 f"shard: the shardings tree does not mirror the tree ({why}); fix: build it from "
                 "the same tree, e.g. rules.shardings(tree, mesh), or pass one PartitionSpec for "
